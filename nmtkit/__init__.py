@@ -1,0 +1,3 @@
+"""nmtkit: neural machine translation from the command line."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,177 @@
+"""The ``nmtkit`` command line. Each command parses its options, loads the recipe and
+calls one core function. Heavy imports (torch, datasets) happen inside the commands so
+that ``nmtkit --help`` stays fast. User errors become one line on stderr:
+exit 1 for runtime failures, 2 for bad usage or bad input (``--debug`` shows tracebacks).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from nmtkit import __version__
+
+app = typer.Typer(
+    name="nmtkit",
+    help="Neural machine translation: prepare data, train Transformers and RNNs, translate, score.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_state = {"debug": False, "verbosity": 0}
+
+RecipeArg = typer.Argument(..., help="YAML recipe (see recipes/).", show_default=False)
+OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=1000 vocab.size=4000.",
+                              show_default=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nmtkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only warnings and errors."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="More detail."),
+) -> None:
+    _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
+    _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
+
+
+def _console():
+    from nmtkit.console import get_console
+
+    return get_console(_state["verbosity"])
+
+
+def _load(recipe: Path, overrides: Optional[List[str]]):
+    from nmtkit.config import load_config
+
+    return load_config(recipe, overrides or [])
+
+
+@app.command()
+def prepare(recipe: Path = RecipeArg, overrides: Optional[List[str]] = OverridesArg) -> None:
+    """Get parallel data, clean it, train SentencePiece and encode every split."""
+    cfg = _load(recipe, overrides)
+    from nmtkit.data.prepare import prepare as run_prepare
+
+    run_prepare(cfg, _console())
+
+
+@app.command()
+def train(
+    recipe: Path = RecipeArg,
+    overrides: Optional[List[str]] = OverridesArg,
+    restart: bool = typer.Option(False, "--restart", help="Ignore existing checkpoints and start from scratch."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Build the model, print its size and the batch; no training."),
+) -> None:
+    """Train a model; resumes from the last checkpoint of the run unless --restart."""
+    cfg = _load(recipe, overrides)
+    from nmtkit.training.trainer import train as run_train
+
+    run_train(cfg, _console(), restart=restart, dry_run=dry_run)
+
+
+@app.command()
+def translate(
+    model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble)."),
+    input: Optional[Path] = typer.Option(None, "-i", "--input", help="Source text file (default: stdin)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default: stdout)."),
+    beam_size: int = typer.Option(4, "--beam-size", "-b", min=1, help="Beam size (1: greedy)."),
+    lenpen: float = typer.Option(0.6, "--lenpen", help="GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs."),
+    max_len_a: float = typer.Option(1.0, "--max-len-a", help="Output length limit a*|x|+b: a."),
+    max_len_b: int = typer.Option(50, "--max-len-b", help="Output length limit a*|x|+b: b."),
+    min_len: int = typer.Option(1, "--min-len", help="Minimum output length in pieces (EOS blocked before)."),
+    nbest: int = typer.Option(1, "--nbest", min=1, help="Hypotheses per input line (tab-separated: index, score, text)."),
+    batch_tokens: int = typer.Option(6000, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bf16 or fp16."),
+    scores: bool = typer.Option(False, "--scores", help="Prefix each line with its score and a tab."),
+    alignments: bool = typer.Option(False, "--alignments", help="Append a tab and src-tgt attention argmax pairs (i-j)."),
+    sample: bool = typer.Option(False, "--sample", help="Sample instead of beam search (for back-translation)."),
+    topk: int = typer.Option(0, "--topk", help="Sampling: keep the k most likely pieces (0: all)."),
+    topp: float = typer.Option(1.0, "--topp", help="Sampling: nucleus probability mass."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    seed: int = typer.Option(1, "--seed", help="Random seed for sampling."),
+    errors: str = typer.Option("strict", "--errors", help="Invalid UTF-8 input: strict (error) or replace."),
+    engine: str = typer.Option("torch", "--engine", help="torch or ctranslate2 (an exported model)."),
+) -> None:
+    """Translate a file or stdin; always one output line per input line, in order."""
+    from nmtkit.decoding.translate import TranslateOptions, translate_file
+
+    options = TranslateOptions(
+        beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+        nbest=nbest, batch_tokens=batch_tokens, device=device, dtype=dtype, scores=scores, alignments=alignments,
+        sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
+    )
+    translate_file([str(m) for m in model], input, output, options, _console())
+
+
+@app.command()
+def score(
+    ref: List[Path] = typer.Option(..., "-r", "--ref", help="Reference file (repeat for several references)."),
+    input: Optional[Path] = typer.Option(None, "-i", "--input", help="Hypotheses (default: stdin)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A second system's hypotheses: paired significance test."),
+    metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, ter."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    tokenized_bleu: bool = typer.Option(False, "--tokenized-bleu", help="Also report paper-style tokenized, compound-split BLEU (not comparable to sacreBLEU)."),
+    test: str = typer.Option("bootstrap", "--test", help="Significance test: bootstrap or ar (approximate randomisation)."),
+    resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples / randomisation trials."),
+    lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive scoring."),
+) -> None:
+    """Score hypotheses against references with sacreBLEU (BLEU, chrF, TER)."""
+    from nmtkit.scoring.report import score_command
+
+    score_command(
+        refs=ref, hyp=input, baseline=baseline, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+        as_json=json_out, tokenized_bleu=tokenized_bleu, test=test, resamples=resamples, lowercase=lowercase,
+        console=_console(),
+    )
+
+
+@app.command()
+def run(recipe: Path = RecipeArg, overrides: Optional[List[str]] = OverridesArg) -> None:
+    """Run a recipe end to end: prepare, train, average, translate test, score."""
+    cfg = _load(recipe, overrides)
+    from nmtkit.pipeline import run_recipe
+
+    run_recipe(cfg, _console())
+
+
+@app.command()
+def average(
+    run_dir: Path = typer.Argument(..., help="Training run directory (holds checkpoints/)."),
+    last: int = typer.Option(5, "--last", min=1, help="Average the last N checkpoints."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Model directory to write (default: RUN_DIR/averaged)."),
+) -> None:
+    """Average the weights of the last N checkpoints into a model directory."""
+    from nmtkit.training.checkpoint import average_checkpoints
+
+    out = average_checkpoints(run_dir, last, output)
+    _console().print(f"wrote {out}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning user errors into one line and an exit code."""
+    from nmtkit.errors import NmtkitError
+
+    try:
+        app()
+    except NmtkitError as err:
+        if _state["debug"]:
+            raise
+        print(f"nmtkit: error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("nmtkit: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,317 @@
+"""Typed experiment configuration: YAML recipe + dotted ``key=value`` overrides.
+
+One recipe describes one experiment. Every section is a dataclass with defaults, so a
+recipe only names what differs. Unknown keys and wrongly typed values are
+``ConfigError`` s that name the key and the valid choices. This module imports nothing
+heavy (no torch) so that ``nmtkit --help`` stays fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from nmtkit.errors import ConfigError
+
+
+@dataclass
+class CleanConfig:
+    """Training-data filters; dev and test are never filtered."""
+
+    max_len: int = 250  # drop pairs with more SentencePiece tokens than this on either side
+    max_ratio: float = 3.0  # drop pairs whose token-length ratio exceeds this (0 disables)
+    dedup: bool = True  # drop exact duplicate pairs
+
+
+@dataclass
+class DataConfig:
+    source: Literal["files", "hf", "sword"] = "sword"
+    src_lang: str = "en"
+    tgt_lang: str = "es"
+    # files: {split: {lang: path}} e.g. {"train": {"en": "a.en", "es": "a.es"}, ...}
+    files: dict = field(default_factory=dict)
+    # hf: a `datasets` dataset with a `translation` column
+    hf_name: str = ""  # e.g. "wmt/wmt14" or a local directory (save_to_disk / parquet)
+    hf_config: str = ""  # e.g. "de-en"
+    hf_revision: str = ""  # pin the Hub revision for reproducibility
+    hf_splits: dict = field(default_factory=lambda: {"train": "train", "dev": "validation", "test": "test"})
+    max_train_pairs: int = 0  # keep only the first N training pairs (0: all)
+    # sword: verse-aligned Bible modules installed under sword_path
+    sword_src: str = "engWEB2015eb"
+    sword_tgt: str = "spaRV1909eb"
+    sword_path: str = "/usr/share/sword"
+    dev_size: int = 500
+    test_size: int = 1000
+    clean: CleanConfig = field(default_factory=CleanConfig)
+
+
+@dataclass
+class VocabConfig:
+    type: Literal["unigram", "bpe"] = "unigram"
+    size: int = 8000
+    joint: bool = True  # one shared model for both languages (enables full weight tying)
+    character_coverage: float = 1.0
+    input_sentence_size: int = 2_000_000  # sample cap for SentencePiece training
+    workers: int = 0  # encoding processes (0: one per CPU core)
+
+
+@dataclass
+class ModelConfig:
+    arch: Literal["transformer", "rnn"] = "transformer"
+    preset: str = ""  # "transformer-base" / "transformer-big" fill the dims below
+    d_model: int = 512
+    ffn_dim: int = 2048
+    heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    pre_norm: bool = False  # the paper is post-norm
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    ffn: Literal["relu", "swiglu"] = "relu"
+    tie_embeddings: Literal["all", "decoder", "none"] = "all"  # "all" needs a joint vocab
+    max_positions: int = 1024
+    # rnn only
+    cell: Literal["lstm", "gru", "rnn"] = "lstm"
+    embed_dim: int = 256
+    hidden_dim: int = 512
+    bidirectional: bool = True
+    merge: Literal["concat", "sum"] = "concat"  # how the two encoder directions combine
+    attention: Literal["bahdanau", "luong-dot", "luong-general", "none"] = "bahdanau"
+    input_feed: bool = True
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # tokens (max of src, tgt) per batch, padding included
+    update_freq: int = 1  # batches accumulated per optimizer step
+    max_steps: int = 100_000
+    max_epochs: int = 0  # 0: no epoch limit
+    max_minutes: float = 0.0  # wall-clock budget (0: none); stops at the next step boundary
+    schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    lr: float = 1.0  # noam: multiplier of d_model^-0.5 ...; inverse_sqrt/constant: peak lr
+    warmup: int = 4000
+    betas: tuple = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0 disables
+    ema_decay: float = 0.0  # 0 disables the exponential moving average of weights
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    compile: bool = False
+    log_every: int = 50
+    validate_every: int = 1000
+    save_every: int = 1000
+    keep_last: int = 5
+    patience: int = 0  # validations without improvement before stopping (0: never)
+    best_metric: Literal["bleu", "loss"] = "bleu"
+    dev_bleu_beam: int = 1  # beam used for dev BLEU during training (1: greedy)
+    dev_bleu_max_sentences: int = 500
+    max_bad_steps: int = 5  # consecutive NaN/inf steps before giving up
+    average_last: int = 5  # checkpoints averaged by `nmtkit run` (0/1: none)
+    workers: int = 1  # background data-loading threads (0: load in the main thread)
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 4
+    lenpen: float = 0.6  # GNMT alpha: score / ((5+|y|)/6)^alpha; 0 = raw log-prob
+    max_len_a: float = 1.0
+    max_len_b: int = 50  # output length limit = a * |x| + b
+    min_len: int = 1
+    batch_tokens: int = 6000
+    nbest: int = 1
+
+
+@dataclass
+class Config:
+    name: str = "experiment"
+    workdir: str = ""  # default: data/<name>
+    data: DataConfig = field(default_factory=DataConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    @property
+    def work_path(self) -> Path:
+        return Path(self.workdir or f"data/{self.name}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Vaswani et al. 2017, Table 3
+    "transformer-base": dict(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1),
+    "transformer-big": dict(d_model=1024, ffn_dim=4096, heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3),
+}
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check/convert ``value`` to the field type, or raise a ConfigError naming ``key``."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if annotation is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return "" if value is None else str(value)
+    if annotation is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        try:
+            return tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a list of numbers, got {value!r}") from None
+    if annotation is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, values: dict, prefix: str) -> Any:
+    """Build dataclass ``cls`` from a (possibly partial) dict, rejecting unknown keys."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!s}; valid keys under "
+            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value the way YAML would (numbers, booleans, lists)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Set dotted ``a.b.c=value`` overrides in a nested dict (before type checking)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.max_steps=1000)")
+        key, text = item.split("=", 1)
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key}: {part} is not a section")
+        node[parts[-1]] = _parse_scalar(text)
+    return raw
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks that a dataclass type cannot express."""
+    m, t = cfg.model, cfg.train
+    if m.preset:
+        if m.preset not in PRESETS:
+            raise ConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}")
+    if m.arch == "transformer" and m.d_model % m.heads:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+    if m.tie_embeddings == "all" and not cfg.vocab.joint:
+        raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
+    for key, value in (("train.lr", t.lr), ("train.max_tokens", t.max_tokens), ("train.update_freq", t.update_freq),
+                       ("vocab.size", cfg.vocab.size), ("model.d_model", m.d_model), ("decode.beam_size", cfg.decode.beam_size)):
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if not 0 <= t.label_smoothing < 1:
+        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0 <= getattr(m, key) < 1:
+            raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(m, key)}")
+    return cfg
+
+
+def from_dict(raw: dict) -> Config:
+    raw = json.loads(json.dumps(raw))  # deep copy; also rejects non-plain values early
+    model = raw.get("model") or {}
+    preset = model.get("preset") if isinstance(model, dict) else None
+    if preset in PRESETS:  # preset values are defaults that explicit keys override
+        raw["model"] = {**PRESETS[preset], **model}
+    return validate(_build(Config, raw, ""))
+
+
+def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) -> Config:
+    """Load a YAML recipe (or defaults when ``path`` is None) and apply overrides."""
+    import yaml
+
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"recipe not found: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+        raw.setdefault("name", path.stem)
+    return from_dict(apply_overrides(raw, list(overrides or [])))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    import yaml
+
+    from nmtkit.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(_plain(cfg.to_dict()), sort_keys=False))
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj

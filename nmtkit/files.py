@@ -1,0 +1,69 @@
+"""File helpers every step uses: atomic writes, checked UTF-8 line reading, checksums.
+
+Everything nmtkit writes goes to a temporary name in the same directory and is renamed
+into place, so a killed process never leaves a half-written file that looks finished.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from nmtkit.errors import DataError
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Open a temp file beside ``path``; on success fsync and rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def decode_line(raw: bytes, name: str, lineno: int, errors: str = "strict") -> str:
+    """Decode one line of UTF-8, naming file and line on failure; strips the newline."""
+    try:
+        text = raw.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{name}: line {lineno} is not valid UTF-8 (byte {err.start})") from None
+    return text.rstrip("\n").rstrip("\r")
+
+
+def read_lines(path: str | Path, errors: str = "strict") -> list[str]:
+    """Read a UTF-8 text file as a list of lines (no newlines); a clear error otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    with open(path, "rb") as handle:
+        return [decode_line(raw, str(path), i, errors) for i, raw in enumerate(handle, 1)]
