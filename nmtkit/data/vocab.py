@@ -1,0 +1,89 @@
+"""SentencePiece vocabularies with the fixed special ids every model relies on.
+
+pad=0, unk=1, bos=2, eos=3 (see ``nmtkit.models.base``). A joint model is one file,
+``spm.model``; separate vocabularies are ``spm.src.model`` and ``spm.tgt.model``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from nmtkit.errors import DataError
+
+SPECIAL_IDS = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+
+
+class Vocab:
+    """A loaded SentencePiece model: text <-> ids without BOS/EOS."""
+
+    def __init__(self, path: str | Path) -> None:
+        import sentencepiece as spm
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(f"SentencePiece model not found: {self.path}")
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(str(self.path))
+        except (OSError, RuntimeError) as err:
+            raise DataError(f"{self.path}: not a valid SentencePiece model ({err})") from None
+        if self.sp.pad_id() != 0 or self.sp.eos_id() != 3:
+            raise DataError(f"{self.path}: special ids differ from pad=0 unk=1 bos=2 eos=3")
+
+    def __len__(self) -> int:
+        return self.sp.GetPieceSize()
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.EncodeAsIds(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.EncodeAsIds(list(texts))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.DecodeIds([int(i) for i in ids if int(i) > 3])
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.sp.IdToPiece(int(i)) for i in ids]
+
+    def normalize(self, text: str) -> str:
+        """The text as SentencePiece normalises it (what decode(encode(x)) returns)."""
+        return self.sp.DecodeIds(self.sp.EncodeAsIds(text))
+
+
+def spm_files(joint: bool) -> tuple[str, str]:
+    """File names of the (source, target) SentencePiece models in a prepared/model dir."""
+    return ("spm.model", "spm.model") if joint else ("spm.src.model", "spm.tgt.model")
+
+
+def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, model_type: str = "unigram",
+              character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1) -> None:
+    """Train a SentencePiece model on ``texts`` and write ``model_path`` atomically.
+
+    ``vocab_size`` is a hard limit: SentencePiece fails on small corpora that cannot fill
+    it, and we turn that into a one-line error suggesting a smaller ``vocab.size``.
+    """
+    import sentencepiece as spm
+
+    model_path = Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        with open(corpus, "w", encoding="utf-8") as handle:
+            for line in texts:
+                if line.strip():
+                    handle.write(line.replace("\n", " ") + "\n")
+        prefix = Path(tmp) / "spm"
+        try:
+            spm.set_random_generator_seed(seed)  # deterministic sampling of the training sentences
+            spm.SentencePieceTrainer.Train(
+                input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1, **SPECIAL_IDS,
+            )
+        except RuntimeError as err:
+            raise DataError(f"SentencePiece training failed: {str(err).splitlines()[-1]} "
+                            f"(try a smaller vocab.size)") from None
+        os.replace(f"{prefix}.model", model_path)
+        os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
