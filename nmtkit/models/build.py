@@ -1,0 +1,33 @@
+"""Build a model from its config: one explicit branch per architecture, no registry."""
+from __future__ import annotations
+
+from nmtkit.config import ModelConfig
+from nmtkit.models.base import Seq2Seq
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Seq2Seq:
+    if cfg.arch == "transformer":
+        from nmtkit.models.transformer import Transformer
+
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+    if cfg.arch == "rnn":
+        from nmtkit.models.rnn import RNNSeq2Seq
+
+        return RNNSeq2Seq(cfg, src_vocab_size, tgt_vocab_size)
+    raise ValueError(f"unknown architecture {cfg.arch!r}")
+
+
+def parameter_table(model: Seq2Seq) -> dict[str, int]:
+    """Parameter counts by part (embeddings, encoder, decoder, other); tied tensors once."""
+    seen: set[int] = set()
+    counts = {"embeddings": 0, "encoder": 0, "decoder": 0, "other": 0}
+    for name, param in model.named_parameters():  # named_parameters() skips tied duplicates
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        part = ("embeddings" if "embed" in name or "output_proj" in name else
+                "encoder" if name.startswith("encoder") else
+                "decoder" if name.startswith("decoder") else "other")
+        counts[part] += param.numel()
+    counts["total"] = sum(counts.values())
+    return counts

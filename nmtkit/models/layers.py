@@ -1,0 +1,104 @@
+"""Building blocks of the Transformer: positions, norms, feed-forward, attention."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def sinusoidal_positions(length: int, dim: int) -> Tensor:
+    """[length, dim] table of Vaswani et al. 2017 sec. 3.5: sin on even, cos on odd dims."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
+    return table
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019): no centring, no bias."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: ReLU (the paper) or SwiGLU (Shazeer 2020)."""
+
+    def __init__(self, dim: int, hidden: int, kind: str = "relu", activation_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.kind = kind
+        self.fc_in = nn.Linear(dim, hidden * (2 if kind == "swiglu" else 1))
+        self.fc_out = nn.Linear(hidden, dim)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc_in(x)
+        if self.kind == "swiglu":
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        else:
+            h = F.relu(h)
+        return self.fc_out(self.dropout(h))
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention on ``F.scaled_dot_product_attention``.
+
+    Self-attention projects q, k, v with one fused matrix; cross-attention projects
+    k, v of the memory once per sentence (``project_kv``) and reuses them every step.
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, cross: bool = False) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.dropout = heads, dim // heads, dropout
+        if cross:
+            self.q_proj = nn.Linear(dim, dim)
+            self.kv_proj = nn.Linear(dim, 2 * dim)
+        else:
+            self.qkv_proj = nn.Linear(dim, 3 * dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _merge(self, x: Tensor) -> Tensor:
+        b, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Memory [B, S, D] -> keys, values [B, H, S, Dh] (cross-attention only)."""
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        return self._split(q), self._split(k), self._split(v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
+        """q [B, H, T, Dh], k/v [B, H, S, Dh], mask broadcastable to [B, H, T, S] (True = attend)."""
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None)
+        return self.out_proj(self._merge(out))
+
+    def weights(self, q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """Explicit attention probabilities [B, H, T, S] (for alignments and plots)."""
+        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(-1)

@@ -1,0 +1,168 @@
+"""Model directories: everything ``translate`` needs and nothing else.
+
+    MODEL_DIR/model.safetensors   weights (tied tensors stored once; no pickle)
+    MODEL_DIR/config.json         model config, vocab sizes, languages, weight checksum, metadata
+    MODEL_DIR/spm*.model          the SentencePiece model(s)
+
+The directory is written to a temporary sibling and renamed into place, so a reader
+never sees half of one. Loading verifies the checksum, so a truncated or corrupt file is a
+one-line ``CheckpointError`` naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from nmtkit import __version__
+from nmtkit.config import ModelConfig, _build
+from nmtkit.data.vocab import Vocab
+from nmtkit.errors import CheckpointError, NmtkitError
+from nmtkit.files import atomic_write_text, sha256_file
+from nmtkit.models.base import Seq2Seq
+from nmtkit.models.build import build_model
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+@dataclass
+class LoadedModel:
+    model: Seq2Seq
+    model_cfg: ModelConfig
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    meta: dict
+
+
+def state_dict_for_save(model: Seq2Seq) -> dict[str, torch.Tensor]:
+    """Weights keyed by name with tied tensors kept once (under their first name)."""
+    out, seen = {}, set()
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        key = (tensor.data_ptr(), tensor.shape)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().to("cpu").contiguous()
+    return out
+
+
+def write_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(weights, tmp, metadata={"format": "pt", "nmtkit": __version__})
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_weights(path: Path, expected_sha256: Optional[str] = None) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"weights not found: {path}")
+    if expected_sha256 and sha256_file(path) != expected_sha256:
+        raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupt file)")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types across versions
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+
+
+def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, spm_src: str | Path,
+                   spm_tgt: str | Path, extra_meta: Optional[dict] = None,
+                   weights: Optional[dict[str, torch.Tensor]] = None) -> Path:
+    """Write a self-contained model directory atomically (temp dir + rename)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        weights = weights if weights is not None else state_dict_for_save(model)
+        write_weights(tmp / WEIGHTS, weights)
+        spm_names = {}
+        for side, path in (("src", Path(spm_src)), ("tgt", Path(spm_tgt))):
+            spm_names[side] = path.name
+            if not (tmp / path.name).exists():
+                shutil.copyfile(path, tmp / path.name)
+        meta = {
+            "nmtkit_version": __version__,
+            "model": dataclasses.asdict(model_cfg),
+            "spm": spm_names,
+            "weights_sha256": sha256_file(tmp / WEIGHTS),
+            "parameters": model.num_parameters(),
+            **(extra_meta or {}),
+        }
+        atomic_write_text(tmp / CONFIG, json.dumps(meta, indent=2) + "\n")
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_meta(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir}: not a model directory (no {CONFIG})")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: corrupt model config ({err})") from None
+    if not isinstance(meta, dict) or "model" not in meta:
+        raise CheckpointError(f"{path}: not an nmtkit model config")
+    return meta
+
+
+def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:
+    try:
+        return _build(ModelConfig, meta["model"], "model.")
+    except NmtkitError as err:
+        raise CheckpointError(f"{where}: incompatible model config ({err})") from None
+
+
+def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """Rebuild a model from its directory alone (config + safetensors + SentencePiece)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"model directory not found: {model_dir}")
+    meta = read_meta(model_dir)
+    model_cfg = model_config_from_meta(meta, model_dir / CONFIG)
+    src_vocab = Vocab(model_dir / meta["spm"]["src"])
+    tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])
+    model = build_model(model_cfg, len(src_vocab), len(tgt_vocab))
+    load_weights(model, read_weights(model_dir / WEIGHTS, meta.get("weights_sha256")), model_dir / WEIGHTS)
+    model.to(device).eval()
+    return LoadedModel(model, model_cfg, src_vocab, tgt_vocab, meta)
+
+
+def load_weights(model: Seq2Seq, weights: dict[str, torch.Tensor], where: Any) -> None:
+    """Load weights saved by ``state_dict_for_save`` (tied tensors present once)."""
+    expected = {name: t.shape for name, t in state_dict_for_save(model).items()}
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: weights do not match the model config "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, tensor in weights.items():
+        if expected[name] != tensor.shape:
+            raise CheckpointError(f"{where}: {name} has shape {tuple(tensor.shape)}, "
+                                  f"the config expects {tuple(expected[name])}")
+    model.load_state_dict(weights, strict=False)

@@ -1,0 +1,191 @@
+"""The Transformer of Vaswani et al. 2017 ("Attention Is All You Need").
+
+Post-norm as in the paper by default (``pre_norm`` for the now-common variant, with a
+final norm on each stack); sinusoidal positions; embeddings scaled by sqrt(d_model);
+optional RMSNorm and SwiGLU. Incremental decoding caches self-attention keys/values per
+layer in an explicit ``TransformerState``; cross-attention keys/values are computed once
+per sentence in ``encode`` and never copied per beam.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from nmtkit.models.base import PAD, EncoderOut, Selectable, Seq2Seq
+from nmtkit.models.layers import Attention, FeedForward, make_norm, sinusoidal_positions
+
+
+@dataclasses.dataclass
+class TransformerEncoderOut(EncoderOut):
+    cross_kv: list  # per decoder layer: (keys, values), each [B, H, S, Dh]
+
+
+@dataclasses.dataclass
+class TransformerState(Selectable):
+    self_kv: list  # per decoder layer: (keys, values), each [rows, H, t, Dh]
+    step: int = 0
+    attn: Optional[Tensor] = None  # [rows, S] cross-attention of the last layer, head-averaged
+
+
+class Sublayer(nn.Module):
+    """Residual connection around a sublayer with post-norm (paper) or pre-norm placement."""
+
+    def __init__(self, dim: int, norm: str, pre_norm: bool, dropout: float) -> None:
+        super().__init__()
+        self.norm = make_norm(norm, dim)
+        self.pre_norm = pre_norm
+        self.dropout = nn.Dropout(dropout)
+
+    def inputs(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def output(self, x: Tensor, y: Tensor) -> Tensor:
+        out = x + self.dropout(y)
+        return out if self.pre_norm else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, cfg.activation_dropout)
+        self.attn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        q, k, v = self.self_attn.project_qkv(self.attn_block.inputs(x))
+        x = self.attn_block.output(x, self.self_attn.attend(q, k, v, mask))
+        return self.ffn_block.output(x, self.ffn(self.ffn_block.inputs(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, cfg.activation_dropout)
+        self.self_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
+        self.cross_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
+
+    def cross(self, x: Tensor, kv: tuple[Tensor, Tensor], src_mask: Tensor, need_attn: bool):
+        """Cross-attention of x [N, T, D] where N = B * beam, against memory kv of B rows."""
+        keys, values = kv
+        batch, heads, _, head_dim = keys.shape
+        beam = x.size(0) // batch
+        q = self.cross_attn._split(self.cross_attn.q_proj(self.cross_block.inputs(x)))  # (N, H, T, Dh)
+        t = q.size(2)
+        # group the beam hypotheses of a sentence as extra queries: (B, H, beam*T, Dh)
+        q = q.view(batch, beam, heads, t, head_dim).transpose(1, 2).reshape(batch, heads, beam * t, head_dim)
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        attn = None
+        if need_attn:
+            attn = self.cross_attn.weights(q, keys, mask).mean(1)  # (B, beam*T, S)
+            attn = attn.view(batch, beam, t, -1).reshape(batch * beam, t, -1)
+        p = self.cross_attn.dropout if self.training else 0.0
+        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=p)
+        out = out.view(batch, heads, beam, t, head_dim).transpose(1, 2).reshape(batch * beam, heads, t, head_dim)
+        out = self.cross_attn.out_proj(self.cross_attn._merge(out))
+        return self.cross_block.output(x, out), attn
+
+    def forward(self, x: Tensor, kv, src_mask: Tensor, cache=None, need_attn: bool = False):
+        """Full sequence (cache None, causal) or one incremental step (cache = past k, v)."""
+        q, k, v = self.self_attn.project_qkv(self.self_block.inputs(x))
+        if cache is None:
+            y = self.self_attn.attend(q, k, v, causal=True)
+        else:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            y = self.self_attn.attend(q, k, v)  # one query sees every past position
+        x = self.self_block.output(x, y)
+        x, attn = self.cross(x, kv, src_mask, need_attn)
+        x = self.ffn_block.output(x, self.ffn(self.ffn_block.inputs(x)))
+        return x, (k, v), attn
+
+
+class Transformer(Seq2Seq):
+    def __init__(self, cfg, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed_scale = math.sqrt(d)
+        self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=PAD)
+        if cfg.tie_embeddings == "all":
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError("tie_embeddings=all needs one joint vocabulary")
+            self.tgt_embed = self.src_embed
+        else:
+            self.tgt_embed = nn.Embedding(tgt_vocab_size, d, padding_idx=PAD)
+        self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder_norm = make_norm(cfg.norm, d) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = make_norm(cfg.norm, d) if cfg.pre_norm else nn.Identity()
+        self._reset_parameters()
+        if cfg.tie_embeddings != "none":
+            self.output_proj.weight = self.tgt_embed.weight
+
+    def _reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)  # so scaled embeddings have unit variance
+            with torch.no_grad():
+                emb.weight[PAD].zero_()
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_positions
+
+    def _embed(self, embedding: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
+        x = embedding(tokens) * self.embed_scale + self.positions[start:start + tokens.size(1)]
+        return self.dropout(x)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> TransformerEncoderOut:
+        x = self._embed(self.src_embed, src)  # (B, S, D)
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S): keys that may be attended
+        for layer in self.encoder:
+            x = layer(x, mask)
+        memory = self.encoder_norm(x)
+        cross_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+        return TransformerEncoderOut(memory=memory, src_mask=src_mask, cross_kv=cross_kv)
+
+    def decode(self, tgt_in: Tensor, enc: TransformerEncoderOut) -> Tensor:
+        """Teacher-forced decoder states [B, T, D] (before the output projection)."""
+        x = self._embed(self.tgt_embed, tgt_in)
+        for layer, kv in zip(self.decoder, enc.cross_kv):
+            x, _, _ = layer(x, kv, enc.src_mask)
+        return self.decoder_norm(x)
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.output_proj(self.decode(tgt_in, self.encode(src, src_mask)))  # (B, T, V)
+
+    def init_state(self, enc: EncoderOut, beam: int = 1) -> TransformerState:
+        rows = enc.src_mask.size(0) * beam
+        heads, head_dim = self.cfg.heads, self.cfg.d_model // self.cfg.heads
+        empty = enc.memory.new_zeros(rows, heads, 0, head_dim)
+        return TransformerState(self_kv=[(empty, empty) for _ in self.decoder], step=0)
+
+    def decode_step(self, prev: Tensor, enc: TransformerEncoderOut, state: TransformerState,
+                    need_attn: bool = False) -> tuple[Tensor, TransformerState]:
+        x = self._embed(self.tgt_embed, prev[:, None], start=state.step)  # (rows, 1, D)
+        new_kv, attn = [], None
+        last = len(self.decoder) - 1
+        for i, (layer, kv, cache) in enumerate(zip(self.decoder, enc.cross_kv, state.self_kv)):
+            x, kv_step, layer_attn = layer(x, kv, enc.src_mask, cache=cache, need_attn=need_attn and i == last)
+            new_kv.append(kv_step)
+            attn = layer_attn if layer_attn is not None else attn
+        logits = self.output_proj(self.decoder_norm(x))[:, 0]  # (rows, V)
+        return logits, TransformerState(self_kv=new_kv, step=state.step + 1,
+                                        attn=None if attn is None else attn[:, 0])
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # parameters() yields tied tensors once

@@ -1,0 +1,162 @@
+"""The Transformer: masks, incremental decoding, tying, variants, sizes, save/load."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nmtkit.config import ModelConfig, from_dict
+from nmtkit.models.base import BOS, PAD
+from nmtkit.models.build import build_model, parameter_table
+from nmtkit.models.layers import sinusoidal_positions
+
+V = 24
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    base = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
+    return ModelConfig(**{**base, **kw})
+
+
+def batch(seed: int = 0, b: int = 3, s: int = 7, t: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (b, s), generator=g)
+    src[0, 5:] = PAD  # sentence 0 is shorter
+    tgt = torch.randint(4, V, (b, t), generator=g)
+    tgt[:, 0] = BOS
+    return src, src.ne(PAD), tgt
+
+
+VARIANTS = [dict(), dict(pre_norm=True), dict(norm="rmsnorm"), dict(ffn="swiglu"),
+            dict(pre_norm=True, norm="rmsnorm", ffn="swiglu"), dict(tie_embeddings="none")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "paper")
+def test_incremental_decoding_equals_full_forward(variant):
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(**variant), V, V).eval()
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        full = model(src, mask, tgt)  # (B, T, V)
+        enc = model.encode(src, mask)
+        state = model.init_state(enc)
+        steps = []
+        for t in range(tgt.size(1)):
+            logits, state = model.decode_step(tgt[:, t], enc, state)
+            steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_beam_rows_share_one_encoder_copy():
+    """B*beam decoder rows against B encoder rows == each row against its own copy."""
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), V, V).eval()
+    src, mask, tgt = batch()
+    beam = 3
+    with torch.no_grad():
+        enc = model.encode(src, mask)
+        state = model.init_state(enc, beam)
+        assert state.self_kv[0][0].shape[0] == src.size(0) * beam
+        prev = tgt.repeat_interleave(beam, 0)
+        for t in range(3):
+            grouped, state = model.decode_step(prev[:, t], enc, state, need_attn=True)
+        rep = torch.arange(src.size(0)).repeat_interleave(beam)
+        enc1 = enc.select(rep)
+        state1 = model.init_state(enc1, 1)
+        for t in range(3):
+            single, state1 = model.decode_step(prev[:, t], enc1, state1, need_attn=True)
+    torch.testing.assert_close(grouped, single, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state.attn, state1.attn, atol=1e-6, rtol=1e-5)
+
+
+def test_no_attention_to_padding_or_future():
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), V, V).eval()
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        base = model(src, mask, tgt)
+        # changing a padded source token changes nothing
+        src2 = src.clone()
+        src2[0, 6] = 9
+        torch.testing.assert_close(model(src2, mask, tgt)[0], base[0])
+        # changing target token t changes no logits before t
+        tgt2 = tgt.clone()
+        tgt2[:, 4] = 7
+        out = model(src, mask, tgt2)
+        torch.testing.assert_close(out[:, :4], base[:, :4])
+        assert not torch.allclose(out[:, 4:], base[:, 4:])
+        # the attention map puts exactly zero weight on padding and rows sum to 1
+        enc = model.encode(src, mask)
+        _, state = model.decode_step(tgt[:, 0], enc, model.init_state(enc), need_attn=True)
+    assert torch.all(state.attn[0, 5:] == 0)
+    torch.testing.assert_close(state.attn.sum(-1), torch.ones(src.size(0)))
+
+
+def test_tying_shares_storage():
+    model = build_model(tiny_cfg(tie_embeddings="all"), V, V)
+    assert model.src_embed.weight.data_ptr() == model.tgt_embed.weight.data_ptr() == model.output_proj.weight.data_ptr()
+    dec = build_model(tiny_cfg(tie_embeddings="decoder"), V, V + 5)
+    assert dec.tgt_embed.weight.data_ptr() == dec.output_proj.weight.data_ptr() != dec.src_embed.weight.data_ptr()
+    none = build_model(tiny_cfg(tie_embeddings="none"), V, V)
+    assert none.tgt_embed.weight.data_ptr() != none.output_proj.weight.data_ptr()
+    assert parameter_table(model)["total"] == sum(p.numel() for p in model.parameters())
+    assert parameter_table(none)["embeddings"] - parameter_table(model)["embeddings"] == 2 * V * 16
+
+
+def test_sinusoidal_positions_match_formula():
+    table = sinusoidal_positions(50, 8)
+    pos, i = 7, 2  # dims 4 (sin) and 5 (cos) share the frequency 10000^(-4/8)
+    freq = 10000 ** (-2 * i / 8)
+    assert table[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos * freq)).item(), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos * freq)).item(), abs=1e-6)
+
+
+def test_paper_sizes():
+    """Table 3 of the paper: base 65M (63M with a shared 37k vocab), big 213M."""
+    base = parameter_table(build_model(from_dict({"model": {"preset": "transformer-base"}}).model, 37000, 37000))
+    big = parameter_table(build_model(from_dict({"model": {"preset": "transformer-big"}}).model, 37000, 37000))
+    assert base["total"] == 63_082_496
+    assert big["total"] == 214_245_376
+
+
+def test_model_dir_round_trip(tmp_path, tiny_spm):
+    from nmtkit.models.store import load_model_dir, save_model_dir
+
+    torch.manual_seed(0)
+    cfg = tiny_cfg(ffn="swiglu")
+    model = build_model(cfg, 40, 40).eval()
+    save_model_dir(model, cfg, tmp_path / "m", tiny_spm, tiny_spm, {"src_lang": "en"})
+    loaded = load_model_dir(tmp_path / "m")
+    assert loaded.model_cfg == cfg and loaded.meta["src_lang"] == "en"
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(src, mask, tgt), model(src, mask, tgt), atol=0, rtol=0)
+    assert loaded.model.output_proj.weight.data_ptr() == loaded.model.src_embed.weight.data_ptr()
+
+
+def test_corrupt_model_dir_is_a_clean_error(tmp_path, tiny_spm):
+    from nmtkit.errors import CheckpointError
+    from nmtkit.models.store import load_model_dir, save_model_dir
+
+    cfg = tiny_cfg()
+    save_model_dir(build_model(cfg, 40, 40), cfg, tmp_path / "m", tiny_spm, tiny_spm)
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_model_dir(tmp_path / "m")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_model_dir(tmp_path / "missing")
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_model_dir(tmp_path / "m")
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(tiny_cfg(), dropout=0.5, attention_dropout=0.3), V, V)
+    src, mask, tgt = batch()
+    model.train()
+    assert not torch.allclose(model(src, mask, tgt), model(src, mask, tgt))
+    model.eval()
+    torch.testing.assert_close(model(src, mask, tgt), model(src, mask, tgt))
