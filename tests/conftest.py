@@ -32,3 +32,52 @@ def run_cli(*args: str, input: str | bytes | None = None, cwd: Path | None = Non
         input = input.encode("utf-8")
     return subprocess.run([sys.executable, "-m", "nmtkit", *args], input=input, capture_output=True, cwd=cwd,
                           timeout=600)
+
+
+SYMBOLS = "a b c d e f g h i j".split()
+
+
+def reversal_pairs(n: int, seed: int, length: int = 10) -> list[tuple[str, str]]:
+    """The synthetic reversal task: a sequence of symbols -> the same symbols reversed."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        seq = [rng.choice(SYMBOLS) for _ in range(length)]
+        pairs.append((" ".join(seq), " ".join(reversed(seq))))
+    return pairs
+
+
+def write_prepared(workdir: Path, train: list[tuple[str, str]], dev: list[tuple[str, str]], vocab_size: int = 16,
+                   src_lang: str = "src", tgt_lang: str = "tgt") -> Path:
+    """A prepared/ directory as `nmtkit prepare` leaves it, for training tests."""
+    from nmtkit.data.ids import save_split
+    from nmtkit.data.vocab import Vocab, train_spm
+
+    prepared = workdir / "prepared"
+    prepared.mkdir(parents=True, exist_ok=True)
+    train_spm([s for pair in train for s in pair], prepared / "spm.model", vocab_size=vocab_size)
+    vocab = Vocab(prepared / "spm.model")
+    for split, pairs in (("train", train), ("dev", dev), ("test", dev)):
+        save_split(prepared / f"{split}.npz", vocab.encode_batch([s for s, _ in pairs]),
+                   vocab.encode_batch([t for _, t in pairs]))
+        (prepared / f"{split}.{src_lang}").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+        (prepared / f"{split}.{tgt_lang}").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    return prepared
+
+
+def tiny_recipe(workdir: Path, **sections) -> dict:
+    """A recipe dict for a tiny Transformer on a prepared synthetic task."""
+    recipe = {
+        "name": "tiny", "workdir": str(workdir),
+        "data": {"source": "files", "src_lang": "src", "tgt_lang": "tgt"},
+        "vocab": {"size": 16},
+        "model": {"d_model": 32, "ffn_dim": 64, "heads": 2, "encoder_layers": 2, "decoder_layers": 2,
+                  "dropout": 0.0, "max_positions": 64},
+        "train": {"max_tokens": 400, "max_steps": 20, "schedule": "inverse_sqrt", "lr": 3e-3, "warmup": 50,
+                  "log_every": 10, "validate_every": 10, "save_every": 10, "dtype": "float32", "seed": 3,
+                  "best_metric": "loss", "keep_last": 3},
+        "decode": {"beam_size": 1, "max_len_b": 12},
+    }
+    for key, values in sections.items():
+        recipe[key] = {**recipe.get(key, {}), **values}
+    return recipe

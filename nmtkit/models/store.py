@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -83,8 +83,13 @@ def read_weights(path: Path, expected_sha256: Optional[str] = None) -> dict[str,
 
 def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, spm_src: str | Path,
                    spm_tgt: str | Path, extra_meta: Optional[dict] = None,
-                   weights: Optional[dict[str, torch.Tensor]] = None) -> Path:
-    """Write a self-contained model directory atomically (temp dir + rename)."""
+                   weights: Optional[dict[str, torch.Tensor]] = None,
+                   write_extra: Optional[Callable[[Path], None]] = None) -> Path:
+    """Write a self-contained model directory atomically (temp dir + rename).
+
+    ``write_extra(tmp_dir)`` may add files (e.g. trainer state) before the rename, so a
+    checkpoint appears complete or not at all.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -104,6 +109,8 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
             "parameters": model.num_parameters(),
             **(extra_meta or {}),
         }
+        if write_extra is not None:
+            write_extra(tmp)
         atomic_write_text(tmp / CONFIG, json.dumps(meta, indent=2) + "\n")
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old")

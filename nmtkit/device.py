@@ -1,0 +1,54 @@
+"""Where and in which precision to run: one place for device and dtype choices."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from nmtkit.errors import ConfigError
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_fast_bf16() -> bool:
+    """True on CPUs with AMX or AVX-512 bf16 units, where bf16 matmuls beat float32."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            flags = next((line for line in handle if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype; ``auto`` = bf16 on GPUs that have it and on CPUs with AMX/AVX-512
+    bf16, float32 otherwise. Weights and optimizer state always stay float32."""
+    if name == "float32":
+        return torch.float32
+    if name == "fp16":
+        if device.type != "cuda":
+            raise ConfigError("fp16 needs a CUDA device (use bf16 on CPU)")
+        return torch.float16
+    if name == "bf16":
+        return torch.bfloat16
+    if name != "auto":
+        raise ConfigError(f"unknown dtype {name!r} (use auto, float32, bf16 or fp16)")
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """An autocast context (a no-op for float32)."""
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)

@@ -1,0 +1,179 @@
+"""Training checkpoints: a model directory plus the trainer state for exact resume.
+
+    RUN_DIR/checkpoints/step_00001000/   model.safetensors, config.json, spm*.model (a model dir)
+                                         trainer.safetensors  optimizer moments, EMA weights, RNG states
+                                         trainer.json         step, data position, best score, checksum
+No pickles: tensors live in safetensors, everything else in JSON. A checkpoint is renamed
+into place whole; on load its checksums are verified, and resume falls back to the
+previous good checkpoint (with a warning) when the newest is damaged.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from nmtkit.errors import CheckpointError, NmtkitError
+from nmtkit.files import atomic_write_text, sha256_file
+from nmtkit.models.store import (CONFIG, WEIGHTS, read_meta, read_weights, save_model_dir, state_dict_for_save,
+                                 write_weights)
+
+TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Everything besides weights and tensors that resume needs."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # current epoch (0-based)
+    batch_in_epoch: int = 0  # batches of this epoch already consumed
+    best_score: Optional[float] = None
+    best_step: int = 0
+    bad_validations: int = 0
+    skipped_steps: int = 0
+    train_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Complete-looking checkpoint directories, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, scalars = {}, {}
+    for idx, param_state in state["state"].items():
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"opt.{idx}.{key}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars[f"{idx}.{key}"] = value
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], info: dict) -> dict:
+    state: dict = {}
+    for name, tensor in tensors.items():
+        if name.startswith("opt."):
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = tensor
+    for name, value in info["scalars"].items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in info["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def save_checkpoint(run_dir: Path, model, model_cfg, optimizer, trainer: TrainerState, spm_src: Path,
+                    spm_tgt: Path, meta: dict, ema: Optional[dict[str, torch.Tensor]] = None) -> Path:
+    """Write checkpoints/step_N atomically. With EMA, the model dir holds the EMA weights
+    (what validation and export use) and the raw weights go to the trainer state."""
+    raw = state_dict_for_save(model)
+    tensors, info = _flatten_optimizer(optimizer.state_dict())
+    tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
+    if ema is not None:
+        tensors.update({f"raw.{k}": v for k, v in raw.items()})
+
+    def write_trainer(tmp: Path) -> None:
+        write_weights(tmp / TRAINER_TENSORS, tensors)
+        payload = {"trainer": trainer.__dict__, "optimizer": info, "ema": ema is not None,
+                   "sha256": sha256_file(tmp / TRAINER_TENSORS)}
+        atomic_write_text(tmp / TRAINER_JSON, json.dumps(payload, indent=1) + "\n")
+
+    out = Path(run_dir) / "checkpoints" / f"step_{trainer.step:08d}"
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in ema.items()} if ema is not None else raw
+    return save_model_dir(model, model_cfg, out, spm_src, spm_tgt, {**meta, "step": trainer.step},
+                          weights=weights, write_extra=write_trainer)
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    weights: dict[str, torch.Tensor]  # raw training weights
+    ema: Optional[dict[str, torch.Tensor]]
+    optimizer: dict
+    rng: dict[str, torch.Tensor]
+    trainer: TrainerState
+    meta: dict
+
+
+def load_checkpoint(path: Path) -> LoadedCheckpoint:
+    """Read and verify one checkpoint directory (CheckpointError if anything is off)."""
+    meta = read_meta(path)
+    try:
+        payload = json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {TRAINER_JSON} (a model directory, not a training checkpoint)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path / TRAINER_JSON}: corrupt ({err})") from None
+    model_weights = read_weights(path / WEIGHTS, meta.get("weights_sha256"))
+    tensors = read_weights(path / TRAINER_TENSORS, payload.get("sha256"))
+    try:
+        trainer = TrainerState(**payload["trainer"])
+    except (TypeError, KeyError) as err:
+        raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({err})") from None
+    if payload.get("ema"):
+        raw = {k[4:]: v for k, v in tensors.items() if k.startswith("raw.")}
+        ema = model_weights
+    else:
+        raw, ema = model_weights, None
+    rng = {k[4:]: v for k, v in tensors.items() if k.startswith("rng.")}
+    optimizer = _unflatten_optimizer(tensors, payload["optimizer"])
+    return LoadedCheckpoint(path, raw, ema, optimizer, rng, trainer, meta)
+
+
+def latest_checkpoint(run_dir: Path, warn=None) -> Optional[LoadedCheckpoint]:
+    """The newest readable checkpoint; damaged newer ones are reported through ``warn``."""
+    for path in reversed(checkpoint_dirs(run_dir)):
+        try:
+            return load_checkpoint(path)
+        except NmtkitError as err:
+            if warn is not None:
+                warn(f"skipping damaged checkpoint {path.name}: {err}")
+    return None
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, protect: tuple[Path, ...] = ()) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints (never one in ``protect``)."""
+    dirs = checkpoint_dirs(run_dir)
+    for path in dirs[:-keep_last] if keep_last > 0 else []:
+        if path not in protect:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | Path] = None) -> Path:
+    """Average the weights of the newest ``last`` checkpoints into a model directory."""
+    from nmtkit.models.store import load_model_dir
+
+    run_dir = Path(run_dir)
+    dirs = checkpoint_dirs(run_dir)
+    if not dirs:
+        raise CheckpointError(f"{run_dir}: no checkpoints to average (expected {run_dir}/checkpoints/step_*)")
+    chosen = dirs[-last:]
+    total: dict[str, torch.Tensor] = {}
+    for path in chosen:
+        weights = read_weights(path / WEIGHTS, read_meta(path).get("weights_sha256"))
+        for name, tensor in weights.items():
+            acc = total.setdefault(name, torch.zeros_like(tensor, dtype=torch.float64))
+            acc += tensor.double()
+    newest = load_model_dir(chosen[-1])
+    averaged = {k: (v / len(chosen)).to(newest.model.state_dict()[k].dtype) for k, v in total.items()}
+    meta = {k: v for k, v in newest.meta.items() if k not in ("model", "spm", "weights_sha256", "nmtkit_version")}
+    meta["averaged_from"] = [p.name for p in chosen]
+    out = Path(output) if output else run_dir / "averaged"
+    return save_model_dir(newest.model, newest.model_cfg, out, chosen[-1] / newest.meta["spm"]["src"],
+                          chosen[-1] / newest.meta["spm"]["tgt"], meta, weights=averaged)

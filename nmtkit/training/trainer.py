@@ -1,0 +1,405 @@
+"""The training loop: token batches, accumulation, schedules, validation, checkpoints.
+
+``train(cfg)`` resumes from the newest good checkpoint of ``WORKDIR/train`` unless
+``restart``; a resumed run replays exactly the batches and random numbers an
+uninterrupted run would have used. SIGINT/SIGTERM finish the current step, save and exit.
+Under ``torchrun`` each rank takes its own micro-batches of every update (see distributed.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from nmtkit.config import Config, save_config
+from nmtkit.data.batching import collate, make_batches
+from nmtkit.data.ids import load_split
+from nmtkit.data.vocab import Vocab, spm_files
+from nmtkit.device import autocast, resolve_device, resolve_dtype
+from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.files import atomic_write_text, read_lines
+from nmtkit.models.build import build_model, parameter_table
+from nmtkit.models.store import load_weights, save_model_dir
+from nmtkit.training import distributed as dist
+from nmtkit.training.checkpoint import (TrainerState, latest_checkpoint, prune_checkpoints, save_checkpoint)
+from nmtkit.training.loss import label_smoothed_loss
+from nmtkit.training.schedule import learning_rate
+from nmtkit.training.validation import dev_bleu, dev_loss
+
+
+class TrainingStopped(NmtkitError):
+    """Training cannot go on (e.g. too many consecutive non-finite steps)."""
+
+
+def run_dir_of(cfg: Config) -> Path:
+    return cfg.work_path / "train"
+
+
+def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
+    prepared = cfg.work_path / "prepared"
+    src_name, tgt_name = spm_files(cfg.vocab.joint)
+    src_path, tgt_path = prepared / src_name, prepared / tgt_name
+    if not src_path.is_file():
+        raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
+    return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    """Adam with the paper's betas/eps; fused kernels on CUDA, foreach on CPU."""
+    kwargs = dict(lr=0.0, betas=tuple(cfg.train.betas), eps=cfg.train.eps, weight_decay=cfg.train.weight_decay)
+    if device.type == "cuda":
+        kwargs["fused"] = True
+    else:
+        kwargs["foreach"] = True
+    cls = torch.optim.AdamW if cfg.train.weight_decay > 0 else torch.optim.Adam
+    return cls(model.parameters(), **kwargs)
+
+
+def print_summary(console, model, cfg: Config, src_vocab: Vocab, tgt_vocab: Vocab, device, dtype) -> dict:
+    """The --dry-run table: parameters by part, dims and the effective batch."""
+    from rich.table import Table
+
+    counts = parameter_table(model)
+    world = dist.world_size()
+    table = Table(title=f"{cfg.name}: {cfg.model.arch}", show_header=True)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for part in ("embeddings", "encoder", "decoder", "other", "total"):
+        if counts[part] or part == "total":
+            table.add_row(f"parameters: {part}", f"{counts[part]:,}")
+    m = cfg.model
+    dims = (f"d {m.d_model}, ffn {m.ffn_dim}, heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}"
+            if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
+    table.add_row("dims", dims)
+    table.add_row("vocab (src / tgt)", f"{len(src_vocab)} / {len(tgt_vocab)}")
+    effective = cfg.train.max_tokens * cfg.train.update_freq * world
+    table.add_row("effective batch (tokens)",
+                  f"{effective:,} = {cfg.train.max_tokens:,} x {cfg.train.update_freq} x {world} process(es)")
+    table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
+    console.print(table)
+    return {**counts, "effective_batch_tokens": effective}
+
+
+class _StopFlag:
+    """Turns SIGINT/SIGTERM into a request to stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _check_resume(cfg: Config, run_dir: Path, console) -> None:
+    """Refuse to resume with a different model; say which training settings changed."""
+    import yaml
+
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    now = cfg.to_dict()
+    if saved.get("model") != json.loads(json.dumps(now["model"])):
+        changed = sorted(k for k in now["model"] if saved.get("model", {}).get(k) != now["model"][k])
+        raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
+                          f"use --restart to train a new model")
+    for section in ("train", "vocab"):
+        old, new = saved.get(section, {}), json.loads(json.dumps(now[section]))
+        for key in sorted(new):
+            if old.get(key) != new[key]:
+                console.warn(f"resuming with {section}.{key} = {new[key]!r} (was {old.get(key)!r})")
+
+
+def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) -> Optional[Path]:
+    """Train (or resume) the recipe's model; returns the run directory."""
+    dist.init()
+    device = dist.device_for_rank(resolve_device(cfg.train.device))
+    dtype = resolve_dtype(cfg.train.dtype, device)
+    if dtype == torch.float16:
+        raise ConfigError("train.dtype=fp16 is not supported for training; use bf16 (or float32)")
+    src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
+    if dry_run:
+        if dist.is_main():
+            print_summary(console, model, cfg, src_vocab, tgt_vocab, device, dtype)
+        return None
+    run_dir = run_dir_of(cfg)
+    if restart and dist.is_main() and run_dir.exists():
+        backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(run_dir, backup)
+        console.warn(f"--restart: moved the previous run to {backup}")
+    dist.barrier()
+    return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir).run()
+
+
+class Trainer:
+    def __init__(self, cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir):
+        self.cfg, self.console, self.device, self.dtype = cfg, console, device, dtype
+        self.src_path, self.tgt_path, self.tgt_vocab, self.run_dir = src_path, tgt_path, tgt_vocab, run_dir
+        prepared = cfg.work_path / "prepared"
+        self.train_data = load_split(prepared / "train.npz")
+        self.dev = load_split(prepared / "dev.npz")
+        ref_path = prepared / f"dev.{cfg.data.tgt_lang}"
+        self.dev_refs = read_lines(ref_path) if ref_path.is_file() else []
+        if len(self.train_data) == 0:
+            raise DataError(f"{prepared / 'train.npz'} holds no sentence pairs")
+        self.model = model.to(device)
+        self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
+        self.max_len = getattr(model, "max_positions", None)
+        self.optimizer = make_optimizer(self.model, cfg, device)
+        self.state = TrainerState()
+        self.ema: Optional[dict[str, torch.Tensor]] = None
+        self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name}
+        self.metrics_path = run_dir / "metrics.jsonl"
+
+    # -- state ---------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        ck = latest_checkpoint(self.run_dir, warn=self.console.warn)
+        if ck is None:
+            if dist.is_main():
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                save_config(self.cfg, self.run_dir / "config.yaml")
+                self.metrics_path.unlink(missing_ok=True)
+            self._init_ema()
+            return
+        _check_resume(self.cfg, self.run_dir, self.console)
+        load_weights(self.model, {k: v.to(self.device) for k, v in ck.weights.items()}, ck.path)
+        self.optimizer.load_state_dict(ck.optimizer)
+        torch.set_rng_state(ck.rng["torch"])
+        if "cuda" in ck.rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(ck.rng["cuda"])
+        self.state = ck.trainer
+        self.ema = {k: v.to(self.device).float() for k, v in ck.ema.items()} if ck.ema is not None else None
+        if self.cfg.train.ema_decay > 0 and self.ema is None:
+            self._init_ema()
+        if dist.is_main():
+            save_config(self.cfg, self.run_dir / "config.yaml")
+            self._truncate_metrics(self.state.step)
+        self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
+
+    def _init_ema(self) -> None:
+        if self.cfg.train.ema_decay > 0:
+            self.ema = {k: v.detach().clone().float() for k, v in self.model.state_dict().items()
+                        if v.is_floating_point()}
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines written after the checkpoint we resume from."""
+        if not self.metrics_path.is_file():
+            return
+        keep = [line for line in self.metrics_path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        atomic_write_text(self.metrics_path, "".join(line + "\n" for line in keep))
+
+    def _log(self, record: dict) -> None:
+        if dist.is_main():
+            with open(self.metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def _save(self) -> Path:
+        return save_checkpoint(self.run_dir, self.model, self.cfg.model, self.optimizer, self.state, self.src_path,
+                               self.tgt_path, self.meta, ema=self.ema)
+
+    # -- loop -----------------------------------------------------------------------------------
+    def _updates(self):
+        """Yield (epoch, index of last batch used, micro-batches of one update) forever."""
+        t = self.cfg.train
+        per_update = t.update_freq * dist.world_size()
+        epoch, skip = self.state.epoch, self.state.batch_in_epoch
+        src_lens, tgt_lens = self.train_data.src_lengths(), self.train_data.tgt_lengths()
+        while True:
+            batches = make_batches(src_lens, tgt_lens, t.max_tokens, t.seed, epoch)
+            for start in range(skip, len(batches) - per_update + 1, per_update):
+                yield epoch, start + per_update, batches[start:start + per_update]
+            epoch, skip = epoch + 1, 0
+            if t.max_epochs and epoch >= t.max_epochs:
+                return
+
+    def _step(self, group) -> tuple[Optional[torch.Tensor], torch.Tensor, int]:
+        """One optimizer update over this rank's micro-batches of ``group``."""
+        t = self.cfg.train
+        micro = dist.my_share(group, t.update_freq)
+        batches = [collate(self.train_data, idx, self.max_len) for idx in micro]
+        total_tokens = sum(int(self.train_data.tgt_lengths()[idx].sum()) + len(idx) for idx in group)
+        scale = dist.world_size() / total_tokens  # DDP averages over ranks: undo it, normalise per token
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        nll_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            with dist.no_sync_unless(self.forward_model, i == len(batches) - 1), autocast(self.device, self.dtype):
+                logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
+                (loss * scale).backward()
+            loss_sum += loss.detach()
+            nll_sum += nll.detach()
+        lr = learning_rate(self.state.step + 1, t, self.cfg.model.d_model)
+        for group_ in self.optimizer.param_groups:
+            group_["lr"] = lr
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        gnorm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm if t.clip_norm > 0 else float("inf"))
+        if not torch.isfinite(gnorm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None, nll_sum, total_tokens
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self._update_ema()
+        return loss_sum, nll_sum, total_tokens
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        current = self.model.state_dict()
+        keys = list(self.ema)
+        torch._foreach_lerp_([self.ema[k] for k in keys], [current[k].float() for k in keys],
+                             1.0 - self.cfg.train.ema_decay)
+
+    def run(self) -> Path:
+        self._resume()
+        t = self.cfg.train
+        if self.state.step >= t.max_steps:
+            self.console.info(f"already trained for {self.state.step} steps (train.max_steps={t.max_steps})")
+            return self.run_dir
+        if dist.is_main():
+            print_summary(self.console, self.model, self.cfg, Vocab(self.src_path), self.tgt_vocab, self.device,
+                          self.dtype)
+        with _StopFlag() as stop:
+            reason = self._loop(stop)
+        if dist.is_main():
+            path = self._save()
+            prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
+        dist.barrier()
+        if reason == "signal":
+            self.console.print(f"[yellow]stopped by signal at step {self.state.step}; checkpoint saved. "
+                               f"Resume with the same `nmtkit train` command.[/yellow]")
+            raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
+        self.console.info(f"training finished ({reason}) at step {self.state.step}; run directory {self.run_dir}")
+        return self.run_dir
+
+    def _loop(self, stop: _StopFlag) -> str:
+        from nmtkit.training.progress import TrainProgress
+
+        t = self.cfg.train
+        window = {"loss": torch.zeros((), device=self.device), "nll": torch.zeros((), device=self.device),
+                  "tokens": 0, "start": time.perf_counter(), "steps": 0}
+        session_start = time.perf_counter() - self.state.train_seconds
+        reason = "max_epochs"
+        bad_in_a_row = 0
+        with TrainProgress(self.console, t.max_steps, self.state.step, enabled=dist.is_main()) as progress:
+            for epoch, next_batch, group in self._updates():
+                loss, nll, ntokens = self._step(group)
+                self.state.epoch, self.state.batch_in_epoch = epoch, next_batch
+                if loss is None:
+                    self.state.skipped_steps += 1
+                    bad_in_a_row += 1
+                    self.console.warn(f"non-finite gradient at update {self.state.step + 1}: update skipped "
+                                      f"({bad_in_a_row} in a row)")
+                    if bad_in_a_row >= t.max_bad_steps:
+                        raise TrainingStopped(f"{bad_in_a_row} consecutive non-finite updates; the last good "
+                                              f"checkpoint in {self.run_dir / 'checkpoints'} is intact "
+                                              f"(try a lower train.lr or train.clip_norm=1.0)")
+                    continue
+                bad_in_a_row = 0
+                self.state.step += 1
+                self.state.train_seconds = time.perf_counter() - session_start
+                window["loss"] += loss
+                window["nll"] += nll
+                window["tokens"] += ntokens
+                window["steps"] += 1
+                step = self.state.step
+                if step % t.log_every == 0 or step == t.max_steps:
+                    self._log_window(window, progress)
+                if step % t.validate_every == 0:
+                    self._validate()
+                if step % t.save_every == 0 and dist.is_main():
+                    path = self._save()
+                    prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
+                if step >= t.max_steps:
+                    reason = "max_steps"
+                elif t.max_minutes and self.state.train_seconds >= t.max_minutes * 60:
+                    reason = "time budget"
+                elif t.patience and self.state.bad_validations >= t.patience:
+                    reason = "early stopping"
+                elif stop.signal is not None:
+                    reason = "signal"
+                else:
+                    continue
+                break
+        if reason != "signal" and (self.state.step % t.validate_every):
+            self._validate()
+        return reason
+
+    def _log_window(self, window: dict, progress) -> None:
+        elapsed = time.perf_counter() - window["start"]
+        tokens = window["tokens"]
+        loss = window["loss"].item() / max(tokens, 1)
+        nll = window["nll"].item() / max(tokens, 1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        tok_s = tokens * dist.world_size() / max(elapsed, 1e-9) if dist.world_size() > 1 else tokens / max(elapsed, 1e-9)
+        record = {"type": "train", "step": self.state.step, "epoch": self.state.epoch + 1, "loss": round(loss, 4),
+                  "nll": round(nll, 4), "ppl": round(math.exp(min(nll, 50)), 2), "lr": lr,
+                  "tgt_tok_s": round(tok_s, 1), "train_seconds": round(self.state.train_seconds, 1)}
+        self._log(record)
+        progress.update(self.state.step, record)
+        window.update(loss=torch.zeros((), device=self.device), nll=torch.zeros((), device=self.device), tokens=0,
+                      start=time.perf_counter(), steps=0)
+
+    def _validate(self) -> None:
+        """Dev loss (+ BLEU); keeps RUN_DIR/best by the configured metric. Main rank only."""
+        if not dist.is_main():
+            dist.barrier()
+            return
+        t, cfg = self.cfg.train, self.cfg
+        swapped = self._swap_ema()
+        try:
+            scores = dev_loss(self.model, self.dev, t.max_tokens, self.device, self.dtype, self.max_len)
+            if t.best_metric == "bleu" and self.dev_refs:
+                scores.update(dev_bleu(self.model, self.dev, self.dev_refs, self.tgt_vocab, self.device, self.dtype,
+                                       t.dev_bleu_beam, cfg.decode, t.dev_bleu_max_sentences, self.max_len))
+        finally:
+            if swapped is not None:
+                self.model.load_state_dict(swapped)
+        metric = scores.get("dev_bleu") if t.best_metric == "bleu" and "dev_bleu" in scores else -scores["dev_loss"]
+        improved = self.state.best_score is None or metric > self.state.best_score
+        if improved:
+            self.state.best_score, self.state.best_step, self.state.bad_validations = metric, self.state.step, 0
+            weights = self.ema if self.ema is not None else None
+            save_model_dir(self.model, cfg.model, self.run_dir / "best", self.src_path, self.tgt_path,
+                           {**self.meta, "step": self.state.step, **scores}, weights=weights)
+        else:
+            self.state.bad_validations += 1
+        record = {"type": "valid", "step": self.state.step, **{k: round(v, 4) for k, v in scores.items()},
+                  "best": improved}
+        self._log(record)
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
+        self.console.info(f"[bold]valid[/bold] step {self.state.step}: {shown}{' (best)' if improved else ''}")
+        dist.barrier()
+
+    def _swap_ema(self) -> Optional[dict]:
+        """Load EMA weights for validation; returns the raw weights to restore."""
+        if self.ema is None:
+            return None
+        raw = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict({**raw, **{k: v.to(raw[k].dtype) for k, v in self.ema.items()}})
+        return raw

@@ -1,0 +1,172 @@
+"""Training: schedules, loss, batching, exact resume, checkpoints, averaging, dry run."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from nmtkit.config import TrainConfig, from_dict
+from nmtkit.console import get_console
+from nmtkit.data.batching import collate, make_batches
+from nmtkit.data.ids import load_split
+from nmtkit.models.base import BOS, EOS, PAD
+from nmtkit.training.loss import label_smoothed_loss
+from nmtkit.training.schedule import learning_rate
+
+
+def test_noam_schedule_values():
+    cfg = TrainConfig(schedule="noam", lr=1.0, warmup=4000)
+    # lrate = d^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    assert learning_rate(1, cfg, 512) == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
+    assert learning_rate(4000, cfg, 512) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)  # the peak, ~7.0e-4
+    assert learning_rate(16000, cfg, 512) == pytest.approx(512 ** -0.5 * 16000 ** -0.5)
+    assert learning_rate(4000, cfg, 512) > learning_rate(3999, cfg, 512)
+    assert learning_rate(4000, cfg, 512) > learning_rate(4001, cfg, 512)
+
+
+def test_inverse_sqrt_schedule_values():
+    cfg = TrainConfig(schedule="inverse_sqrt", lr=1e-3, warmup=100)
+    assert learning_rate(50, cfg, 512) == pytest.approx(5e-4)
+    assert learning_rate(100, cfg, 512) == pytest.approx(1e-3)
+    assert learning_rate(400, cfg, 512) == pytest.approx(5e-4)
+
+
+def test_label_smoothed_loss_matches_hand_computation():
+    logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 0.4]]])  # (1, 2, V=4)
+    target = torch.tensor([[2, PAD]])  # the second position is padding and must not count
+    eps = 0.1
+    logp = torch.log_softmax(logits[0, 0], -1)
+    expected_nll = -logp[2]
+    expected = (1 - eps) * expected_nll + eps * (-logp.mean())  # eps spread over all V classes
+    loss, nll = label_smoothed_loss(logits, target, eps)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_batches_respect_budget_and_cover_each_sentence_once():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 60, 1000), rng.integers(1, 60, 1000)
+    batches = make_batches(src, tgt, max_tokens=500, seed=1, epoch=0)
+    seen = np.concatenate(batches)
+    assert sorted(seen.tolist()) == list(range(1000))
+    for b in batches:
+        assert len(b) * max(np.maximum(src[b], tgt[b] + 1)) <= 500
+    # bucketing keeps padding low: real tokens fill most of each padded batch
+    padded = sum(len(b) * max(np.maximum(src[b], tgt[b] + 1)) for b in batches)
+    assert np.maximum(src, tgt + 1).sum() / padded > 0.9
+    again = make_batches(src, tgt, max_tokens=500, seed=1, epoch=0)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+    other = make_batches(src, tgt, max_tokens=500, seed=1, epoch=1)
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, other))
+
+
+def test_collate_adds_bos_eos_and_pads(tmp_path):
+    from nmtkit.data.ids import save_split
+
+    save_split(tmp_path / "x.npz", [[5, 6, 7], [8]], [[9], [10, 11]])
+    batch = collate(load_split(tmp_path / "x.npz"), np.array([0, 1]))
+    assert batch.src.tolist() == [[5, 6, 7], [8, PAD, PAD]]
+    assert batch.tgt_in.tolist() == [[BOS, 9, PAD], [BOS, 10, 11]]
+    assert batch.tgt_out.tolist() == [[9, EOS, PAD], [10, 11, EOS]]
+    assert batch.ntokens == 5
+
+
+@pytest.fixture(scope="module")
+def prepared_task(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("task")
+    write_prepared(workdir, reversal_pairs(600, 0, length=6), reversal_pairs(40, 1, length=6))
+    return workdir
+
+
+def _train(workdir, restart=False, **train):
+    from nmtkit.training.trainer import train as run_train
+
+    cfg = from_dict(tiny_recipe(workdir, train=train))
+    return run_train(cfg, get_console(-1), restart=restart)
+
+
+def _weights(run_dir):
+    from nmtkit.training.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run_dir).weights
+
+
+def test_resume_gives_identical_weights(prepared_task, tmp_path):
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        shutil.copytree(prepared_task / "prepared", d / "prepared")
+    _train(a, max_steps=24)
+    _train(b, max_steps=11)  # stops mid-epoch, between checkpoints
+    _train(b, max_steps=24)  # resumes from step 11
+    wa, wb = _weights(a / "train"), _weights(b / "train")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    steps = [json.loads(line)["step"] for line in (b / "train" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["type"] == "train"]
+    assert steps == sorted(steps) and len(steps) == len(set(steps))
+
+
+def test_damaged_newest_checkpoint_falls_back(prepared_task, tmp_path):
+    import shutil
+
+    from nmtkit.training.checkpoint import checkpoint_dirs, latest_checkpoint
+
+    shutil.copytree(prepared_task / "prepared", tmp_path / "prepared")
+    _train(tmp_path, max_steps=20, save_every=10)
+    newest = checkpoint_dirs(tmp_path / "train")[-1]
+    (newest / "trainer.safetensors").write_bytes(b"garbage")
+    warnings = []
+    ck = latest_checkpoint(tmp_path / "train", warn=warnings.append)
+    assert ck.trainer.step == 10 and "step_00000020" in warnings[0]
+
+
+def test_average_of_checkpoints(prepared_task, tmp_path):
+    import shutil
+
+    from nmtkit.models.store import load_model_dir
+    from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
+
+    shutil.copytree(prepared_task / "prepared", tmp_path / "prepared")
+    _train(tmp_path, max_steps=30, save_every=10)
+    dirs = checkpoint_dirs(tmp_path / "train")[-2:]
+    out = average_checkpoints(tmp_path / "train", 2)
+    avg = load_model_dir(out).model.state_dict()
+    one, two = (load_model_dir(d).model.state_dict() for d in dirs)
+    name = "encoder.0.ffn.fc_in.weight"
+    torch.testing.assert_close(avg[name], (one[name] + two[name]) / 2)
+
+
+def test_dry_run_and_unknown_key_via_cli(prepared_task, tmp_path):
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(prepared_task)))
+    out = run_cli("train", str(recipe), "--dry-run")
+    assert out.returncode == 0, out.stderr.decode()
+    assert "43,264" in out.stderr.decode()  # parameters: total of the tiny model
+    bad = run_cli("train", str(recipe), "train.learning_rate=1")
+    err = bad.stderr.decode()
+    assert bad.returncode == 2 and "Traceback" not in err and "train.learning_rate" in err
+    assert len(err.strip().splitlines()) == 1
+    bad = run_cli("train", str(recipe), "model.heads=3")
+    assert bad.returncode == 2 and "divisible" in bad.stderr.decode()
+    bad = run_cli("train", str(recipe), "train.lr=-1")
+    assert bad.returncode == 2 and "train.lr must be positive" in bad.stderr.decode()
+
+
+def test_dev_loss_falls(prepared_task, tmp_path):
+    import shutil
+
+    shutil.copytree(prepared_task / "prepared", tmp_path / "prepared")
+    _train(tmp_path, max_steps=60, validate_every=20)
+    valid = [json.loads(line) for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["dev_loss"] for r in valid if r["type"] == "valid"]
+    assert len(losses) == 3 and losses[-1] < losses[0] - 0.3
+    assert all(math.isfinite(x) for x in losses)
