@@ -1,0 +1,173 @@
+"""Paired significance tests of a system against a baseline on the same references.
+
+Both tests work on sacreBLEU's per-sentence sufficient statistics (n-gram matches for
+BLEU and chrF, edits for TER): a resampled corpus is a weighted sum of those rows,
+rescored with sacreBLEU's own formula, so no sentence is re-tokenised.
+
+- Paired bootstrap (Koehn 2004): draw sentences with replacement, score both systems on
+  the same draw. Two-sided p-value with the resampled differences centred on the observed
+  one, i.e. shifted to the null hypothesis (Berg-Kirkpatrick et al. 2012).
+- Approximate randomisation (Riezler & Maxwell 2005): swap the two systems' outputs of each
+  sentence with probability 1/2; p-value = how often the shuffled difference is as large.
+
+Both p-values count ties as "as extreme" and use (1 + count) / (1 + trials), so two
+identical systems get p = 1. The 95% confidence interval of each system is the 2.5th to
+97.5th percentile of its bootstrap scores. Everything is seeded and deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from nmtkit.errors import ConfigError
+from nmtkit.scoring.metrics import LOWER_IS_BETTER, METRICS, check_line_counts, make_metric
+
+TESTS = ("bootstrap", "ar")
+DEFAULT_SEED = 12345
+# Scores are 0..100; differences closer than this are ties (float rounding of averaged TER lengths).
+_TIE = 1e-9
+# Cells of the (resamples x sentences) weight matrix built at once, to bound memory.
+_CHUNK_CELLS = 1 << 22
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """One metric's comparison; scores are sacreBLEU's, intervals are 95% bootstrap percentiles."""
+
+    metric: str
+    name: str
+    system: float
+    baseline: float
+    p_value: float
+    system_ci: tuple[float, float]
+    baseline_ci: tuple[float, float]
+
+    @property
+    def delta(self) -> float:
+        return self.system - self.baseline
+
+    @property
+    def better(self) -> str:
+        """Which side scores better on this metric (TER: lower): system, baseline or tie."""
+        if self.system == self.baseline:
+            return "tie"
+        system_higher = self.system > self.baseline
+        return "system" if system_higher != (self.metric in LOWER_IS_BETTER) else "baseline"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "system": self.system, "baseline": self.baseline, "delta": self.delta,
+                "better": self.better, "p_value": self.p_value, "system_ci": list(self.system_ci),
+                "baseline_ci": list(self.baseline_ci)}
+
+
+def score_with_stats(metric: Any, hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> tuple[Any, np.ndarray]:
+    """sacreBLEU's corpus score (exactly as ``corpus_score`` sums it) and the per-sentence
+    sufficient statistics, float64 [N, K]. Uses the internal hooks that sacreBLEU's own
+    ``sacrebleu.significance`` relies on."""
+    stats = metric._extract_corpus_statistics(list(hyps), [list(ref) for ref in refs])
+    return metric._aggregate_and_compute(stats), np.asarray(stats, dtype=np.float64)
+
+
+def scores_from_totals(metric: Any, totals: np.ndarray) -> np.ndarray:
+    """sacreBLEU scores of corpora given by summed statistics: [R, K] -> [R]."""
+    return np.array([metric._compute_score_from_stats(row.tolist()).score for row in np.atleast_2d(totals)])
+
+
+def _chunks(total: int, sentences: int) -> Iterator[int]:
+    rows = max(1, _CHUNK_CELLS // max(sentences, 1))
+    for start in range(0, total, rows):
+        yield min(rows, total - start)
+
+
+def bootstrap_totals(stats: Sequence[np.ndarray], resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Summed statistics [resamples, K] of each array in ``stats`` under the same bootstrap draws."""
+    sentences = len(stats[0])
+    uniform = np.full(sentences, 1.0 / sentences)
+    parts: list[list[np.ndarray]] = [[] for _ in stats]
+    for rows in _chunks(resamples, sentences):
+        # How often each sentence is drawn in each resample: [rows, N].
+        weights = rng.multinomial(sentences, uniform, size=rows).astype(np.float64)
+        for part, array in zip(parts, stats):
+            part.append(weights @ array)
+    return [np.concatenate(part) for part in parts]
+
+
+def randomised_totals(sys_stats: np.ndarray, base_stats: np.ndarray, trials: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Summed statistics [trials, K] of two pseudo-systems, each sentence's outputs swapped with p = 1/2."""
+    sys_total, both_total = sys_stats.sum(0), sys_stats.sum(0) + base_stats.sum(0)
+    swap_gain = base_stats - sys_stats
+    parts = []
+    for rows in _chunks(trials, len(sys_stats)):
+        swapped = rng.integers(0, 2, size=(rows, len(sys_stats))).astype(np.float64)  # [rows, N]
+        parts.append(sys_total + swapped @ swap_gain)
+    first = np.concatenate(parts)
+    return first, both_total - first
+
+
+def bootstrap_p_value(deltas: np.ndarray, observed: float) -> float:
+    """Two-sided: share of resampled differences, shifted by -observed, at least as far from 0."""
+    extreme = np.abs(deltas - observed) >= abs(observed) - _TIE
+    return float((1 + extreme.sum()) / (1 + len(deltas)))
+
+
+def randomisation_p_value(shuffled_deltas: np.ndarray, observed: float) -> float:
+    """Two-sided: share of shuffled differences at least as large as the observed one."""
+    extreme = np.abs(shuffled_deltas) >= abs(observed) - _TIE
+    return float((1 + extreme.sum()) / (1 + len(shuffled_deltas)))
+
+
+def _interval(scores: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(scores, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def check_test_options(test: str, resamples: int) -> None:
+    if test not in TESTS:
+        raise ConfigError(f"unknown significance test {test!r} (choose from {', '.join(TESTS)})")
+    if resamples < 1:
+        raise ConfigError(f"resamples must be at least 1, got {resamples}")
+
+
+def paired_test(
+    hyps: Sequence[str],
+    baseline_hyps: Sequence[str],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = METRICS,
+    test: str = "bootstrap",
+    resamples: int = 1000,
+    seed: int = DEFAULT_SEED,
+    lowercase: bool = False,
+) -> dict[str, PairedResult]:
+    """Compare a system with a baseline on every metric; ``resamples`` bootstrap draws for the
+    intervals (and the p-value when test="bootstrap"), as many shuffles when test="ar"."""
+    check_test_options(test, resamples)
+    named_refs = [(f"reference {k}", ref) for k, ref in enumerate(refs, 1)]
+    check_line_counts("system", hyps, named_refs)
+    check_line_counts("baseline", baseline_hyps, named_refs)
+
+    bootstrap_seed, shuffle_seed = np.random.SeedSequence(seed).spawn(2)
+    results = {}
+    for name in metrics:
+        metric = make_metric(name, lowercase)
+        system, sys_stats = score_with_stats(metric, hyps, refs)
+        baseline, base_stats = score_with_stats(metric, baseline_hyps, refs)
+        observed = system.score - baseline.score
+
+        # A fresh generator per metric: every metric sees the same draws, whatever else is asked for.
+        sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
+                               bootstrap_totals([sys_stats, base_stats], resamples,
+                                                np.random.default_rng(bootstrap_seed)))
+        if test == "bootstrap":
+            p_value = bootstrap_p_value(sys_boot - base_boot, observed)
+        else:
+            first, second = randomised_totals(sys_stats, base_stats, resamples, np.random.default_rng(shuffle_seed))
+            p_value = randomisation_p_value(scores_from_totals(metric, first) - scores_from_totals(metric, second),
+                                            observed)
+        results[name] = PairedResult(metric=name, name=system.name, system=float(system.score),
+                                     baseline=float(baseline.score), p_value=p_value,
+                                     system_ci=_interval(sys_boot), baseline_ci=_interval(base_boot))
+    return results
+
