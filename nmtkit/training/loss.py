@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from nmtkit.models.base import PAD
 
@@ -14,9 +13,10 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
     eps/V on every token (the gold one included), as ``F.cross_entropy`` defines it; no
     one-hot tensor is built. Computed in float32 even under bf16 autocast.
     """
-    flat_logits = logits.reshape(-1, logits.size(-1)).float()
+    lprobs = torch.log_softmax(logits.reshape(-1, logits.size(-1)).float(), dim=-1)  # one pass, reused
     flat_target = target.reshape(-1)
-    loss = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD, reduction="sum", label_smoothing=smoothing)
-    with torch.no_grad():
-        nll = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD, reduction="sum")
-    return loss, nll
+    keep = flat_target.ne(PAD)
+    nll = -lprobs.gather(1, flat_target[:, None]).squeeze(1)
+    smooth = -lprobs.mean(dim=-1)  # uniform part: eps/V on every class
+    loss = ((1.0 - smoothing) * nll + smoothing * smooth).masked_fill(~keep, 0.0).sum()
+    return loss, nll.detach().masked_fill(~keep, 0.0).sum()
