@@ -278,8 +278,10 @@ class Trainer:
     def run(self) -> Path:
         self._resume()
         t = self.cfg.train
-        if self.state.step >= t.max_steps:
-            self.console.info(f"already trained for {self.state.step} steps (train.max_steps={t.max_steps})")
+        done = self._finished_reason()
+        if done:
+            self.console.info(f"training already finished at step {self.state.step} ({done}); "
+                              f"raise the limit or use --restart to train more")
             return self.run_dir
         if dist.is_main():
             print_summary(self.console, self.model, self.cfg, Vocab(self.src_path), self.tgt_vocab, self.device,
@@ -297,6 +299,18 @@ class Trainer:
         self.console.info(f"training finished ({reason}) at step {self.state.step}; run directory {self.run_dir}")
         return self.run_dir
 
+    def _finished_reason(self) -> Optional[str]:
+        t = self.cfg.train
+        if self.state.step >= t.max_steps:
+            return "max_steps"
+        if t.max_minutes and self.state.train_seconds >= t.max_minutes * 60:
+            return "time budget"
+        if t.patience and self.state.bad_validations >= t.patience:
+            return "early stopping"
+        if t.max_epochs and self.state.epoch >= t.max_epochs:
+            return "max_epochs"
+        return None
+
     def _loop(self, stop: _StopFlag) -> str:
         from nmtkit.training.progress import TrainProgress
 
@@ -304,7 +318,7 @@ class Trainer:
         window = {"loss": torch.zeros((), device=self.device), "nll": torch.zeros((), device=self.device),
                   "tokens": 0, "start": time.perf_counter(), "steps": 0}
         session_start = time.perf_counter() - self.state.train_seconds
-        reason = "max_epochs"
+        reason = ""
         bad_in_a_row = 0
         with TrainProgress(self.console, t.max_steps, self.state.step, enabled=dist.is_main()) as progress:
             for epoch, next_batch, group in self._updates():
@@ -335,17 +349,11 @@ class Trainer:
                 if step % t.save_every == 0 and dist.is_main():
                     path = self._save()
                     prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
-                if step >= t.max_steps:
-                    reason = "max_steps"
-                elif t.max_minutes and self.state.train_seconds >= t.max_minutes * 60:
-                    reason = "time budget"
-                elif t.patience and self.state.bad_validations >= t.patience:
-                    reason = "early stopping"
-                elif stop.signal is not None:
-                    reason = "signal"
-                else:
-                    continue
-                break
+                reason = self._finished_reason() or ("signal" if stop.signal is not None else "")
+                if reason:
+                    break
+            else:
+                reason = "max_epochs"
         if reason != "signal" and (self.state.step % t.validate_every):
             self._validate()
         return reason

@@ -1,0 +1,139 @@
+"""``nmtkit run``: a recipe end to end, each step skipped when its outputs are up to date.
+
+prepare -> train -> average -> translate dev and test -> score -> results table
+(WORKDIR/results/results.json and results.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from nmtkit.config import Config
+from nmtkit.files import atomic_write_text, read_lines
+
+
+def _stamp(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def choose_model(cfg: Config, run_dir: Path, console) -> Path:
+    """The model directory to evaluate: the average of the last checkpoints (as in the
+    paper) when train.average_last > 1, else the best checkpoint by the dev metric."""
+    from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
+
+    dirs = checkpoint_dirs(run_dir)
+    n = min(cfg.train.average_last, len(dirs))
+    if n > 1:
+        out = run_dir / "averaged"
+        sources = [p.name for p in dirs[-n:]]
+        meta_path = out / "config.json"
+        if meta_path.is_file() and json.loads(meta_path.read_text()).get("averaged_from") == sources:
+            return out
+        console.info(f"averaging {n} checkpoints: {', '.join(sources)}")
+        return average_checkpoints(run_dir, n, out)
+    if (run_dir / "best" / "config.json").is_file():
+        return run_dir / "best"
+    return dirs[-1]
+
+
+def translate_split(cfg: Config, model_dir: Path, split: str, out_dir: Path, console) -> tuple[list[str], float]:
+    """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp)."""
+    from nmtkit.decoding.translate import TranslateOptions, translate_lines
+    from nmtkit.models.store import load_model_dir
+
+    prepared = cfg.work_path / "prepared"
+    sources = read_lines(prepared / f"{split}.{cfg.data.src_lang}")
+    d = cfg.decode
+    options = TranslateOptions(beam_size=d.beam_size, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
+                               min_len=d.min_len, batch_tokens=d.batch_tokens, device=cfg.train.device)
+    meta = json.loads((model_dir / "config.json").read_text())
+    stamp = _stamp(meta["weights_sha256"], dataclasses.asdict(options), len(sources))
+    hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
+    if hyp_path.is_file() and stamp_path.is_file() and stamp_path.read_text() == stamp:
+        console.info(f"{split}: translations up to date ({hyp_path})")
+        return read_lines(hyp_path), 0.0
+    loaded = load_model_dir(model_dir, device=options.device if options.device != "auto" else "cpu")
+    start = time.perf_counter()
+    hyps = translate_lines([loaded], sources, options)
+    seconds = time.perf_counter() - start
+    atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
+    atomic_write_text(stamp_path, stamp)
+    console.info(f"{split}: translated {len(sources)} sentences in {seconds:.1f}s "
+                 f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {d.beam_size})")
+    return hyps, seconds
+
+
+def run_recipe(cfg: Config, console) -> dict:
+    """Run every step of the recipe and return the results dict."""
+    from nmtkit.data.prepare import prepare
+    from nmtkit.scoring.metrics import corpus_scores
+    from nmtkit.training.trainer import run_dir_of, train
+
+    started = time.perf_counter()
+    console.rule("[bold]1/4 prepare")
+    prepare(cfg, console)
+    console.rule("[bold]2/4 train")
+    train(cfg, console)
+    run_dir = run_dir_of(cfg)
+    console.rule("[bold]3/4 translate")
+    model_dir = choose_model(cfg, run_dir, console)
+    out_dir = cfg.work_path / "results"
+    results: dict = {"recipe": cfg.name, "model_dir": str(model_dir), "splits": {}}
+    prepared = cfg.work_path / "prepared"
+    for split in ("dev", "test"):
+        hyps, seconds = translate_split(cfg, model_dir, split, out_dir, console)
+        refs = read_lines(prepared / f"{split}.{cfg.data.tgt_lang}")
+        scores = corpus_scores(hyps, [refs])
+        results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 1),
+                                    **{m: {"score": round(s["score"], 2), "signature": s["signature"]}
+                                       for m, s in scores.items()}}
+    console.rule("[bold]4/4 results")
+    meta = json.loads((model_dir / "config.json").read_text())
+    trainer_meta = _training_summary(run_dir)
+    results.update(parameters=meta.get("parameters"), **trainer_meta,
+                   total_minutes=round((time.perf_counter() - started) / 60, 1))
+    atomic_write_text(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out_dir / "results.md", results_markdown(results))
+    _print_results(console, results)
+    test = results["splits"]["test"]
+    print(f"test BLEU {test['bleu']['score']:.2f}  chrF {test['chrf']['score']:.2f}  TER {test['ter']['score']:.2f}  "
+          f"({cfg.name}; {test['bleu']['signature']})")
+    return results
+
+
+def _training_summary(run_dir: Path) -> dict:
+    from nmtkit.training.checkpoint import checkpoint_dirs
+
+    dirs = checkpoint_dirs(run_dir)
+    if not dirs:
+        return {}
+    trainer = json.loads((dirs[-1] / "trainer.json").read_text())["trainer"]
+    return {"train_steps": trainer["step"], "train_minutes": round(trainer["train_seconds"] / 60, 1)}
+
+
+def results_markdown(results: dict) -> str:
+    lines = [f"# Results: {results['recipe']}", "", "| split | sentences | BLEU | chrF | TER |", "|---|---|---|---|---|"]
+    for split, r in results["splits"].items():
+        lines.append(f"| {split} | {r['sentences']} | {r['bleu']['score']:.2f} | {r['chrf']['score']:.2f} "
+                     f"| {r['ter']['score']:.2f} |")
+    lines += ["", f"- model: `{results['model_dir']}` ({results.get('parameters') or 0:,} parameters)",
+              f"- training: {results.get('train_steps', '?')} steps, {results.get('train_minutes', '?')} min",
+              f"- BLEU signature: `{results['splits']['test']['bleu']['signature']}`", ""]
+    return "\n".join(lines)
+
+
+def _print_results(console, results: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{results['recipe']}: results")
+    for col in ("split", "sentences", "BLEU", "chrF", "TER"):
+        table.add_column(col, justify="right" if col != "split" else "left")
+    for split, r in results["splits"].items():
+        table.add_row(split, str(r["sentences"]), f"{r['bleu']['score']:.2f}", f"{r['chrf']['score']:.2f}",
+                      f"{r['ter']['score']:.2f}")
+    console.print(table)
+    console.info(f"parameters {results.get('parameters') or 0:,}; trained {results.get('train_steps', '?')} steps in "
+                 f"{results.get('train_minutes', '?')} min; total {results['total_minutes']} min")
