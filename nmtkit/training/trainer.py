@@ -61,7 +61,7 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) ->
     return cls(model.parameters(), **kwargs)
 
 
-def print_summary(console, model, cfg: Config, src_vocab: Vocab, tgt_vocab: Vocab, device, dtype) -> dict:
+def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype) -> dict:
     """The --dry-run table: parameters by part, dims and the effective batch."""
     from rich.table import Table
 
@@ -77,7 +77,7 @@ def print_summary(console, model, cfg: Config, src_vocab: Vocab, tgt_vocab: Voca
     dims = (f"d {m.d_model}, ffn {m.ffn_dim}, heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}"
             if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
     table.add_row("dims", dims)
-    table.add_row("vocab (src / tgt)", f"{len(src_vocab)} / {len(tgt_vocab)}")
+    table.add_row("vocab (src / tgt)", f"{vocab_sizes[0]} / {vocab_sizes[1]}")
     effective = cfg.train.max_tokens * cfg.train.update_freq * world
     table.add_row("effective batch (tokens)",
                   f"{effective:,} = {cfg.train.max_tokens:,} x {cfg.train.update_freq} x {world} process(es)")
@@ -138,13 +138,17 @@ def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) ->
     dtype = resolve_dtype(cfg.train.dtype, device)
     if dtype == torch.float16:
         raise ConfigError("train.dtype=fp16 is not supported for training; use bf16 (or float32)")
+    if dry_run:  # works before `prepare`: vocab.size stands in for the SentencePiece models
+        try:
+            sizes = tuple(len(v) for v in _vocabs(cfg)[2:])
+        except DataError:
+            sizes = (cfg.vocab.size, cfg.vocab.size)
+        if dist.is_main():
+            print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype)
+        return None
     src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
-    if dry_run:
-        if dist.is_main():
-            print_summary(console, model, cfg, src_vocab, tgt_vocab, device, dtype)
-        return None
     run_dir = run_dir_of(cfg)
     if restart and dist.is_main() and run_dir.exists():
         backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -284,8 +288,8 @@ class Trainer:
                               f"raise the limit or use --restart to train more")
             return self.run_dir
         if dist.is_main():
-            print_summary(self.console, self.model, self.cfg, Vocab(self.src_path), self.tgt_vocab, self.device,
-                          self.dtype)
+            print_summary(self.console, self.model, self.cfg, (len(Vocab(self.src_path)), len(self.tgt_vocab)),
+                          self.device, self.dtype)
         with _StopFlag() as stop:
             reason = self._loop(stop)
         if dist.is_main():
