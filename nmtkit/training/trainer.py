@@ -171,6 +171,8 @@ class Trainer:
             raise DataError(f"{prepared / 'train.npz'} holds no sentence pairs")
         self.model = model.to(device)
         self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
+        m = cfg.model
+        self.model_dim = m.d_model if m.arch == "transformer" else m.hidden_dim  # the noam schedule's d_model
         self.max_len = getattr(model, "max_positions", None)
         self.optimizer = make_optimizer(self.model, cfg, device)
         self.state = TrainerState()
@@ -217,9 +219,27 @@ class Trainer:
         atomic_write_text(self.metrics_path, "".join(line + "\n" for line in keep))
 
     def _log(self, record: dict) -> None:
-        if dist.is_main():
-            with open(self.metrics_path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+        """Append ``record`` to metrics.jsonl, the source of truth; with train.tensorboard,
+        mirror its numbers as TensorBoard scalars ``{type}/{field}`` in RUN_DIR/tensorboard."""
+        if not dist.is_main():
+            return
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.cfg.train.tensorboard:
+            writer = getattr(self, "_tensorboard", None) or self._open_tensorboard(record["step"])
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.add_scalar(f"{record['type']}/{key}", value, record["step"])
+            writer.flush()
+
+    def _open_tensorboard(self, first_step: int):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise NmtkitError("train.tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+        # purge_step hides events a previous session wrote after the checkpoint we resumed from
+        self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=first_step)
+        return self._tensorboard
 
     def _save(self) -> Path:
         return save_checkpoint(self.run_dir, self.model, self.cfg.model, self.optimizer, self.state, self.src_path,
@@ -258,7 +278,7 @@ class Trainer:
                 (loss * scale).backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
-        lr = learning_rate(self.state.step + 1, t, self.cfg.model.d_model)
+        lr = learning_rate(self.state.step + 1, t, self.model_dim)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
         params = [p for p in self.model.parameters() if p.grad is not None]
