@@ -1,0 +1,301 @@
+"""Search over the model contract of ``nmtkit.models.base``: beam, greedy and sampling.
+
+Every search works on any ``Seq2Seq``: it calls ``encode`` once, ``init_state(enc, rows)``
+and then ``decode_step`` per output position, and reorders hypotheses only through
+``state.select`` / ``enc.select``. Search owns log-softmax, EOS handling and scoring.
+
+Scoring (one rule for every search):
+    logprob  = sum of log p(y_t | y_<t, x) over the output pieces and the final EOS
+    score    = logprob / lp(|y|),   lp(L) = ((5 + L) / 6) ** lenpen   (GNMT, Wu et al. 2016)
+``|y|`` counts output pieces without BOS/EOS. ``lenpen`` = 0 ranks by the raw sum of
+log-probabilities (which favours short outputs); a larger ``lenpen`` divides the
+(negative) log-probability of long outputs by more and so favours longer outputs.
+
+Output length per sentence: at most ``floor(max_len_a * |x| + max_len_b)`` pieces, |x| the
+source pieces, capped by the model's ``max_positions``. At that length only EOS is allowed,
+so a hypothesis reaching it is finished there (its score includes the EOS log-probability).
+EOS is blocked before ``min_len`` pieces; the length limit wins if the two conflict.
+PAD and BOS are never generated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from nmtkit.models.base import BOS, EOS, PAD, Seq2Seq
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output pieces, without BOS/EOS
+    score: float  # logprob / lp(len(tokens)): what hypotheses are ranked by
+    logprob: float  # sum of log-probabilities, EOS included
+    attention: Optional[Tensor] = None  # [len(tokens), source positions], when asked for
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT length normaliser ((5 + L) / 6) ** alpha (1 when alpha is 0), for an int or a tensor."""
+    if isinstance(length, Tensor):
+        return (((5.0 + length.double()) / 6.0) ** alpha).float()  # as the int path, then rounded
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def output_limits(src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
+                  max_positions: Optional[int]) -> Tensor:
+    """[B] longest output (pieces, EOS excluded) per sentence: a * |x| + b, within max_positions."""
+    src_pieces = (src_mask & src.gt(EOS)).sum(1).float()  # real pieces, not specials
+    limits = torch.floor(src_pieces * max_len_a + max_len_b).long().clamp(min=0)
+    if max_positions is not None:  # decoder input at step t sits at position t (BOS at 0)
+        limits = limits.clamp(max=max_positions - 1)
+    return limits
+
+
+def constrained_logprobs(logits: Tensor, step: int, min_len: int, limits: Tensor) -> Tensor:
+    """Log-softmax over [rows, V] in float32 with PAD/BOS banned, EOS blocked before
+    ``min_len`` and forced once a row reaches its length limit ``limits`` [rows]."""
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    eos = lprobs[:, EOS].clone()
+    lprobs[:, PAD] = NEG_INF
+    lprobs[:, BOS] = NEG_INF
+    if step < min_len:
+        lprobs[:, EOS] = NEG_INF
+    at_limit = limits.le(step)
+    if bool(at_limit.any()):
+        forced = torch.full_like(lprobs, NEG_INF)
+        forced[:, EOS] = eos
+        lprobs = torch.where(at_limit[:, None], forced, lprobs)
+    return lprobs
+
+
+class _Finished:
+    """The ``keep`` best finished hypotheses of every sentence, as padded tensors.
+
+    Merging new ones is a top-k over [kept + new] per sentence: no Python loop per
+    sentence or hypothesis.
+    """
+
+    def __init__(self, batch: int, keep: int, max_len: int, src_len: int, need_attn: bool, device) -> None:
+        self.scores = torch.full((batch, keep), NEG_INF, device=device)
+        self.logprobs = torch.full((batch, keep), NEG_INF, device=device)
+        self.lengths = torch.zeros(batch, keep, dtype=torch.long, device=device)
+        self.tokens = torch.full((batch, keep, max_len), PAD, dtype=torch.long, device=device)
+        self.attn = torch.zeros(batch, keep, max_len, src_len, device=device) if need_attn else None
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # all ever finished
+        self.keep = keep
+
+    def add(self, sent: Tensor, is_new: Tensor, logprobs: Tensor, step: int, lenpen: float,
+            prefixes: Tensor, attn: Optional[Tensor]) -> None:
+        """Offer candidates ending at ``step``: is_new/logprobs [n, C]; prefixes [n, C, step]
+        (pieces without BOS); attn [n, C, step, S]; ``sent`` [n] maps rows to sentences."""
+        n, cands = is_new.shape
+        self.count[sent] += is_new.sum(1)
+        new_scores = torch.where(is_new, logprobs / length_penalty(step, lenpen), NEG_INF)
+        scores, pick = torch.cat([self.scores[sent], new_scores], 1).topk(self.keep, dim=1)  # (n, keep)
+        self.scores[sent] = scores
+        self.logprobs[sent] = torch.cat([self.logprobs[sent], logprobs], 1).gather(1, pick)
+        lengths = torch.cat([self.lengths[sent], torch.full_like(logprobs, step, dtype=torch.long)], 1)
+        self.lengths[sent] = lengths.gather(1, pick)
+        width = self.tokens.size(2)
+        new_tokens = torch.full((n, cands, width), PAD, dtype=torch.long, device=prefixes.device)
+        new_tokens[:, :, :step] = prefixes
+        tokens = torch.cat([self.tokens[sent], new_tokens], 1)
+        self.tokens[sent] = tokens.gather(1, pick[:, :, None].expand(n, self.keep, width))
+        if self.attn is not None:
+            new_attn = attn.new_zeros(n, cands, width, attn.size(3))
+            new_attn[:, :, :step] = attn
+            every = torch.cat([self.attn[sent], new_attn], 1)
+            self.attn[sent] = every.gather(1, pick[:, :, None, None].expand(n, self.keep, *every.shape[2:]))
+
+    def worst_kept(self, sent: Tensor) -> Tensor:
+        return self.scores[sent, self.keep - 1]
+
+    def results(self, src_mask: Tensor, nbest: int) -> list[list[Hypothesis]]:
+        """Per sentence, its best ``nbest`` finished hypotheses, best first."""
+        scores, logprobs, lengths = self.scores.tolist(), self.logprobs.tolist(), self.lengths.tolist()
+        tokens = self.tokens.tolist()
+        out = []
+        for b in range(len(scores)):
+            hyps = []
+            for k in range(min(nbest, self.keep)):
+                if scores[b][k] == NEG_INF:
+                    break
+                length = lengths[b][k]
+                attn = None if self.attn is None else self.attn[b, k, :length][:, src_mask[b]].cpu()
+                hyps.append(Hypothesis(tokens[b][k][:length], scores[b][k], logprobs[b][k], attn))
+            out.append(hyps or [Hypothesis([], NEG_INF, NEG_INF)])  # only if every piece had probability 0
+        return out
+
+
+def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Expand live hypotheses, scores [n, beam], by lprobs [n * beam, V]: the best 2 * beam
+    extensions per sentence as (log-prob, source beam, piece), each [n, 2 * beam], best first.
+    Twice the beam, so that ``beam`` remain live even if ``beam`` of them end in EOS."""
+    n, beam = scores.shape
+    vocab = lprobs.size(1)
+    cand = (scores.view(n * beam, 1) + lprobs).view(n, beam * vocab)
+    top_scores, top_index = cand.topk(min(2 * beam, beam * vocab), dim=1)
+    return top_scores, top_index // vocab, top_index % vocab
+
+
+@torch.inference_mode()
+def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = 0.6,
+                max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, nbest: int = 1,
+                need_attn: bool = False) -> list[list[Hypothesis]]:
+    """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
+
+    All sentences and beams advance together as ``B * beam`` decoder rows. Each step takes
+    the top ``2 * beam`` extensions per sentence: those ending in EOS among the first
+    ``beam`` are finished and set aside, and the best ``beam`` others stay live. A sentence
+    is done, and leaves the batch, when
+      (1) ``beam`` hypotheses have finished (the beam is spent; this makes beam 1 greedy), or
+      (2) ``nbest`` have finished and no live one can still beat the worst of them: a live
+          hypothesis with log-probability s < 0 and length l ends with a log-probability
+          <= s at a length in [l, limit], so its score is at most s / max(lp(l), lp(limit))
+          (lp is monotonic in the length), or
+      (3) it reached its length limit (every live hypothesis was forced to EOS).
+    """
+    if nbest > beam_size:
+        raise ValueError(f"nbest {nbest} > beam size {beam_size}")
+    batch, src_len = src.shape
+    beam, device = beam_size, src.device
+    limits = output_limits(src, src_mask, max_len_a, max_len_b, model.max_positions)
+    enc = model.encode(src, src_mask)
+    state = model.init_state(enc, beam)
+    finished = _Finished(batch, nbest, int(limits.max()) + 1, src_len, need_attn, device)
+    sent = torch.arange(batch, device=device)  # original index of each sentence still decoding
+    scores = torch.full((batch, beam), NEG_INF, device=device)
+    scores[:, 0] = 0.0  # one live hypothesis at the start, so the beam does not fill with copies
+    tokens = torch.full((batch * beam, 1), BOS, dtype=torch.long, device=device)  # BOS y1 .. yt
+    attn_history = torch.zeros(batch * beam, 0, src_len, device=device) if need_attn else None
+    for step in range(int(limits.max()) + 1):
+        n = sent.numel()
+        logits, state = model.decode_step(tokens[:, -1], enc, state, need_attn)
+        lprobs = constrained_logprobs(logits, step, min_len, limits[sent].repeat_interleave(beam))
+        top_scores, origin, token = beam_step(scores, lprobs)
+        is_eos = token.eq(EOS) & top_scores.isfinite()
+        origin_rows = origin + torch.arange(n, device=device)[:, None] * beam  # (n, 2*beam)
+        ends = is_eos[:, :beam]
+        if bool(ends.any()):
+            rows = origin_rows[:, :beam]
+            attn = None if attn_history is None else attn_history[rows]
+            finished.add(sent, ends, top_scores[:, :beam], step, lenpen, tokens[rows][:, :, 1:], attn)
+        # the best `beam` candidates that do not end (stable sort keeps their order)
+        live = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]
+        scores = top_scores.gather(1, live)
+        rows, next_tokens = origin_rows.gather(1, live), token.gather(1, live)
+        done = finished.count[sent].ge(beam) | limits[sent].le(step) | ~scores[:, 0].isfinite()
+        bound = scores[:, 0] / length_penalty(limits[sent], lenpen).clamp(min=length_penalty(step + 1, lenpen))
+        done |= finished.count[sent].ge(nbest) & finished.worst_kept(sent).ge(bound)
+        if bool(done.all()):
+            break
+        if bool(done.any()):  # drop finished sentences: the batch shrinks
+            keep = (~done).nonzero().squeeze(1)
+            enc = enc.select(keep)
+            sent, scores, rows, next_tokens = sent[keep], scores[keep], rows[keep], next_tokens[keep]
+        rows = rows.reshape(-1)
+        if attn_history is not None:
+            attn_history = torch.cat([attn_history[rows], state.attn[rows].float()[:, None]], 1)
+        state = state.select(rows)
+        tokens = torch.cat([tokens[rows], next_tokens.reshape(-1, 1)], 1)
+    return finished.results(src_mask, nbest)
+
+
+@torch.inference_mode()
+def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Callable[[Tensor], Tensor],
+                      rows_per_sentence: int = 1, lenpen: float = 0.6, max_len_a: float = 1.0,
+                      max_len_b: int = 50, min_len: int = 1, need_attn: bool = False) -> list[list[Hypothesis]]:
+    """Extend each of ``rows_per_sentence`` rows per sentence by ``choose(lprobs [rows, V]) -> [rows]``
+    until EOS; no reordering. Greedy and sampling are this loop with different choices."""
+    batch, src_len = src.shape
+    per, device = rows_per_sentence, src.device
+    limits = output_limits(src, src_mask, max_len_a, max_len_b, model.max_positions)
+    max_len, row_limits = int(limits.max()), limits.repeat_interleave(per)
+    enc = model.encode(src, src_mask)
+    state = model.init_state(enc, per)
+    total = batch * per
+    out_tokens = torch.full((total, max_len + 1), PAD, dtype=torch.long, device=device)
+    out_attn = torch.zeros(total, max_len + 1, src_len, device=device) if need_attn else None
+    lengths = torch.zeros(total, dtype=torch.long, device=device)
+    logprobs = torch.zeros(total, device=device)
+    row_ids = torch.arange(total, device=device)  # original row of each row still decoding
+    ended = torch.zeros(total, dtype=torch.bool, device=device)
+    prev = torch.full((total,), BOS, dtype=torch.long, device=device)
+    for step in range(max_len + 1):
+        logits, state = model.decode_step(prev, enc, state, need_attn)
+        lprobs = constrained_logprobs(logits, step, min_len, row_limits[row_ids])
+        token = torch.where(ended, EOS, choose(lprobs))
+        logprobs[row_ids] += torch.where(ended, 0.0, lprobs.gather(1, token[:, None]).squeeze(1))
+        growing = ~ended & token.ne(EOS)
+        out_tokens[row_ids, step] = torch.where(growing, token, PAD)
+        lengths[row_ids] += growing.long()
+        if out_attn is not None:
+            out_attn[row_ids, step] = state.attn.float()
+        ended |= token.eq(EOS)
+        done = ended.view(-1, per).all(1)  # sentences whose rows have all ended
+        if bool(done.all()):
+            break
+        prev = token
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            rows = (keep[:, None] * per + torch.arange(per, device=device)).reshape(-1)
+            enc, state = enc.select(keep), state.select(rows)
+            row_ids, ended, prev = row_ids[rows], ended[rows], prev[rows]
+    scores = logprobs / length_penalty(lengths, lenpen)
+    results = []
+    for b in range(batch):
+        hyps = []
+        for r in range(b * per, (b + 1) * per):
+            length = int(lengths[r])
+            attn = None if out_attn is None else out_attn[r, :length][:, src_mask[b]].cpu()
+            hyps.append(Hypothesis(out_tokens[r, :length].tolist(), float(scores[r]), float(logprobs[r]), attn))
+        results.append(sorted(hyps, key=lambda h: -h.score))
+    return results
+
+
+def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = 0.6, max_len_a: float = 1.0,
+                  max_len_b: int = 50, min_len: int = 1, need_attn: bool = False) -> list[list[Hypothesis]]:
+    """The most likely piece at every step (identical tokens to beam_search with beam 1)."""
+    return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, lenpen, max_len_a,
+                             max_len_b, min_len, need_attn)
+
+
+def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0,
+                    temperature: float = 1.0) -> Callable[[Tensor], Tensor]:
+    """A ``choose`` that samples from the model distribution sharpened by ``temperature``,
+    restricted to the ``topk`` most likely pieces (0: all) and to the smallest set whose
+    probability reaches ``topp`` (nucleus sampling, Holtzman et al. 2020)."""
+    def choose(lprobs: Tensor) -> Tensor:
+        logits = lprobs / temperature
+        if topk > 0:
+            kth = logits.topk(min(topk, logits.size(1)), dim=1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, NEG_INF)
+        if topp < 1.0:
+            sorted_logits, order = logits.sort(dim=1, descending=True)
+            probs = sorted_logits.softmax(1)
+            before = probs.cumsum(1) - probs  # mass of the strictly more likely pieces
+            drop = before >= topp  # the most likely piece is always kept
+            logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, NEG_INF))
+        return torch.multinomial(logits.softmax(1), 1, generator=generator).squeeze(1)
+
+    return choose
+
+
+def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: int = 0, topp: float = 1.0,
+           temperature: float = 1.0, nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.0,
+           max_len_b: int = 50, min_len: int = 1, need_attn: bool = False,
+           generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+    """``nbest`` independent samples per sentence (best score first), reproducible under
+    ``seed`` (or a caller's ``generator``, on src's device, for a stream over many batches).
+    Scores use the untempered model probabilities."""
+    if temperature <= 0 or not 0 < topp <= 1 or topk < 0:
+        raise ValueError(f"bad sampling settings: temperature {temperature}, topp {topp}, topk {topk}")
+    if generator is None:
+        generator = torch.Generator(device=src.device)
+        generator.manual_seed(seed)
+    choose = sampling_choice(generator, topk, topp, temperature)
+    return sequential_search(model, src, src_mask, choose, nbest, lenpen, max_len_a, max_len_b, min_len, need_attn)
