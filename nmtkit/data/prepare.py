@@ -1,0 +1,433 @@
+"""``nmtkit prepare``: fetch parallel data, clean it, train SentencePiece, encode every split.
+
+Work-dir layout (training, translation and scoring rely on it):
+
+    <workdir>/config.yaml            the resolved config
+    <workdir>/prepared/
+      {train,dev,test}.{src,tgt}     plain text, one sentence a line; train is cleaned,
+                                     dev and test are as the source gave them (BLEU references)
+      spm.model                      joint SentencePiece model (or spm.src.model + spm.tgt.model)
+      {train,dev,test}.npz           token ids (nmtkit.data.ids)
+      manifest.json                  source, provenance, line counts and sha256 per file,
+                                     cleaning counts, vocab sizes, token counts
+      train.prefilter.{src,tgt}      train after the text rules, before the length rules
+      stamps/{fetch,spm,encode}.json what each step was made from
+
+Each step runs only when what it depends on changed: ``fetch`` (read the source, write dev,
+test and the text-filtered train) on the data config and the source's fingerprint; ``spm``
+on the vocab config and the fetched train text; ``encode`` (length filters, ids) on the
+length limits, the models and the texts. A stamp is removed before a step touches its
+outputs and written after they are complete, so an interrupted step is redone; every file
+is written atomically.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+import numpy as np
+
+from nmtkit.config import Config, load_config, save_config
+from nmtkit.data.clean import RULES, TextFilter, length_filter
+from nmtkit.data.sources import Pair, fingerprint, read_corpus
+from nmtkit.data.vocab import Vocab, spm_files, train_spm
+from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.files import atomic_open, atomic_write_text, sha256_file
+
+FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
+SPLITS = ("train", "dev", "test")
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # what splitlines() would split on
+
+
+def prepared_dir(cfg: Config) -> Path:
+    """Where ``prepare`` writes everything that training and translation read."""
+    return cfg.work_path / "prepared"
+
+
+def prepare(cfg: Config, console) -> dict:
+    """Run the three steps as needed, write the manifest, print a summary and return it."""
+    data = cfg.data
+    if data.src_lang == data.tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}; they must differ")
+    out = prepared_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        _remove_leftovers(out)
+        _save_config(cfg)
+        status = {}
+        fetch, status["fetch"] = _step(out, "fetch", _fetch_inputs(cfg), lambda: _fetch(cfg, out, console))
+        spm, status["spm"] = _step(out, "spm", _spm_inputs(cfg, fetch), lambda: _train_vocab(cfg, out, fetch, console))
+        encoded, status["encode"] = _step(out, "encode", _encode_inputs(cfg, fetch, spm),
+                                          lambda: _encode(cfg, out, fetch, console))
+        manifest = _manifest(cfg, fetch, spm, encoded)
+        _write_if_changed(out / "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    _print_summary(console, manifest, status, out)
+    return {**manifest, "steps": status, "prepared_dir": str(out)}
+
+
+# --- steps and stamps --------------------------------------------------------------------------
+
+def _step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, list[str]]]) -> tuple[dict, str]:
+    """Run ``work`` unless its stamp matches ``inputs`` and its outputs are untouched.
+
+    ``work`` returns (report, output file names); the report is kept in the stamp so a
+    skipped step still contributes to the manifest.
+    """
+    stamp_path = out / "stamps" / f"{name}.json"
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+    stamp = _read_json(stamp_path)
+    if stamp and stamp.get("key") == key and all(
+            _file_state(out / file) == state for file, state in stamp.get("outputs", {}).items()):
+        return stamp["report"], "up to date"
+    stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete
+    report, outputs = work()
+    stamp = {"key": key, "inputs": inputs, "outputs": {file: _file_state(out / file) for file in outputs},
+             "report": report}
+    atomic_write_text(stamp_path, json.dumps(stamp, indent=1, ensure_ascii=False) + "\n")
+    return report, "done"
+
+
+def _file_state(path: Path) -> list[int] | None:
+    """Size and modification time: any rewrite of an output changes them."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold a lock on the prepared dir: two prepares writing the same files would corrupt them."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no locking
+        yield
+        return
+    with open(out / ".lock", "a") as handle:  # "a": taking the lock leaves the file untouched
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise NmtkitError(f"{out} is in use by another `nmtkit prepare`; wait for it to finish") from None
+        yield
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Temp files of a killed run (atomic writes, SentencePiece scratch dirs); we hold the lock."""
+    for path in itertools.chain(out.glob(".*.tmp"), (out / "stamps").glob(".*.tmp")):
+        path.unlink(missing_ok=True)
+    for path in out.glob("tmp*"):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _save_config(cfg: Config) -> None:
+    path = cfg.work_path / "config.yaml"
+    with contextlib.suppress(NmtkitError):
+        if path.is_file() and load_config(path).to_dict() == cfg.to_dict():
+            return  # unchanged: leave the file (and its mtime) alone
+    save_config(cfg, path)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text:
+            return
+    atomic_write_text(path, text)
+
+
+# --- fetch: read the source, text rules, write dev/test/train.prefilter ------------------------
+
+def _fetch_inputs(cfg: Config) -> dict:
+    data = cfg.data
+    return {"format": FORMAT, "source": data.source, "langs": [data.src_lang, data.tgt_lang],
+            "max_train_pairs": data.max_train_pairs, "dedup": data.clean.dedup, "input": fingerprint(data)}
+
+
+def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
+    data = cfg.data
+    with _progress(console, f"reading {data.source} data", None):
+        corpus = read_corpus(data)
+    for split in ("dev", "test"):
+        if not getattr(corpus, split):
+            raise DataError(f"the {split} split of the {data.source} data is empty")
+    files = {}
+    for split in ("dev", "test"):
+        files.update(_write_pairs(out, split, data, getattr(corpus, split)))
+    train, total = corpus.train, corpus.train_size
+    if data.max_train_pairs > 0:
+        train = itertools.islice(train, data.max_train_pairs)
+        total = min(total or data.max_train_pairs, data.max_train_pairs)
+    text_filter = TextFilter(dedup=data.clean.dedup, heldout=corpus.dev + corpus.test)
+    with _progress(console, "cleaning training pairs", total) as advance:
+        files.update(_write_pairs(out, "train.prefilter", data, text_filter(_counting(train, advance))))
+    if not files[f"train.prefilter.{data.src_lang}"]["lines"]:
+        raise DataError(f"no training pairs left after cleaning ({_counts_text(text_filter.counts)})")
+    report = {"source": data.source, "provenance": corpus.provenance, "cleaning": text_filter.counts,
+              "pairs": {"dev": len(corpus.dev), "test": len(corpus.test)}, "files": files}
+    return report, list(files)
+
+
+def _write_pairs(out: Path, stem: str, data, pairs: Iterable[Pair]) -> dict[str, dict]:
+    """Write ``stem.src`` / ``stem.tgt`` line by line; returns line counts and sha256 per file."""
+    names = [f"{stem}.{data.src_lang}", f"{stem}.{data.tgt_lang}"]
+    digests = [hashlib.sha256(), hashlib.sha256()]
+    lines = 0
+    with atomic_open(out / names[0], "wb") as src_file, atomic_open(out / names[1], "wb") as tgt_file:
+        for pair in pairs:
+            for handle, digest, text in zip((src_file, tgt_file), digests, pair):
+                raw = (_LINE_BREAKS.sub(" ", text) + "\n").encode("utf-8", errors="replace")
+                handle.write(raw)
+                digest.update(raw)
+            lines += 1
+    return {name: {"lines": lines, "sha256": digest.hexdigest()} for name, digest in zip(names, digests)}
+
+
+def _counting(items: Iterable, advance: Callable[[int], None]) -> Iterator:
+    for item in items:
+        advance(1)
+        yield item
+
+
+def _read_text(*paths: Path) -> Iterator[str]:
+    """Lines of files nmtkit wrote itself (UTF-8, one sentence a line)."""
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                yield line.rstrip("\n")
+
+
+# --- spm: SentencePiece on the fetched training text -------------------------------------------
+
+def _spm_inputs(cfg: Config, fetch: dict) -> dict:
+    vocab = cfg.vocab
+    settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
+                                                     "input_sentence_size")}
+    train = {name: info["sha256"] for name, info in fetch["files"].items() if name.startswith("train.prefilter.")}
+    return {"format": FORMAT, "vocab": settings, "train": train}
+
+
+def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
+    vocab, data = cfg.vocab, cfg.data
+    texts = [out / f"train.prefilter.{data.src_lang}", out / f"train.prefilter.{data.tgt_lang}"]
+    src_name, tgt_name = spm_files(vocab.joint)
+    jobs = {src_name: texts} if vocab.joint else {src_name: texts[:1], tgt_name: texts[1:]}
+    for name in {*spm_files(True), *spm_files(False)} - set(jobs):  # the other layout's models are stale
+        for path in (out / name, (out / name).with_suffix(".vocab")):
+            path.unlink(missing_ok=True)
+    models = {}
+    for name, paths in jobs.items():
+        with _progress(console, f"SentencePiece {name}", None):
+            train_spm(_read_text(*paths), out / name, vocab.size, vocab.type, vocab.character_coverage,
+                      vocab.input_sentence_size)
+        models[name] = {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)}
+    report = {"type": vocab.type, "joint": vocab.joint, "models": models}
+    return report, [file for name in jobs for file in (name, str(Path(name).with_suffix(".vocab")))]
+
+
+# --- encode: ids for every split, length rules on train ----------------------------------------
+
+def _encode_inputs(cfg: Config, fetch: dict, spm: dict) -> dict:
+    clean = cfg.data.clean
+    return {"format": FORMAT, "max_len": clean.max_len, "max_ratio": clean.max_ratio,
+            "models": {name: info["sha256"] for name, info in spm["models"].items()},
+            "text": {name: info["sha256"] for name, info in fetch["files"].items()}}
+
+
+def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
+    from nmtkit.data.ids import save_split
+
+    data, clean = cfg.data, cfg.data.clean
+    models = [out / name for name in spm_files(cfg.vocab.joint)]
+    langs = (data.src_lang, data.tgt_lang)
+    lines = fetch["files"][f"train.prefilter.{data.src_lang}"]["lines"]
+    workers = 1 if lines < Encoder.MIN_PARALLEL_LINES else (cfg.vocab.workers or os.cpu_count() or 1)
+    tokens, pairs = {}, {}
+    with Encoder(workers) as encoder, _progress(console, "encoding", 2 * lines) as advance:
+        src, tgt = (encoder.encode(model, _read_text(out / f"train.prefilter.{lang}"), advance)
+                    for model, lang in zip(models, langs))
+    keep, counts = length_filter(src.lengths, tgt.lengths, clean.max_len, clean.max_ratio)
+    if not keep.any():
+        raise DataError(f"no training pairs left after the length filters ({_counts_text(counts)}; "
+                        f"see data.clean.max_len and data.clean.max_ratio)")
+    kept = itertools.compress(zip(*(_read_text(out / f"train.prefilter.{lang}") for lang in langs)), keep)
+    files = _write_pairs(out, "train", data, kept)
+    save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep))
+    tokens["train"], pairs["train"] = {"src": src.tokens(keep), "tgt": tgt.tokens(keep)}, int(keep.sum())
+    with Encoder(1) as encoder:
+        for split in ("dev", "test"):
+            src, tgt = (encoder.encode(model, _read_text(out / f"{split}.{lang}"))
+                        for model, lang in zip(models, langs))
+            save_split(out / f"{split}.npz", src.sequences(), tgt.sequences())
+            tokens[split], pairs[split] = {"src": src.tokens(), "tgt": tgt.tokens()}, len(src.lengths)
+    report = {"cleaning": counts, "pairs": pairs, "tokens": tokens, "files": files}
+    return report, [*files, *(f"{split}.npz" for split in SPLITS)]
+
+
+class Encoded:
+    """Token ids of many sentences: one flat int32 array and the length of each sentence."""
+
+    def __init__(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.flat, self.lengths = flat, lengths
+
+    def sequences(self, keep: Optional[np.ndarray] = None) -> list[np.ndarray]:
+        """One array view per sentence (those where ``keep`` is true, when given)."""
+        ends = np.cumsum(self.lengths)
+        starts = ends - self.lengths
+        index = range(len(self.lengths)) if keep is None else np.flatnonzero(keep)
+        return [self.flat[starts[i]:ends[i]] for i in index]
+
+    def tokens(self, keep: Optional[np.ndarray] = None) -> int:
+        return int(self.lengths.sum() if keep is None else self.lengths[keep].sum())
+
+
+class Encoder:
+    """SentencePiece encoding of text in chunks, spread over worker processes when it is large.
+
+    Building Python lists of ids holds the GIL, so threads inside SentencePiece barely help;
+    processes that return compact numpy arrays do. Small inputs stay in this process,
+    where starting workers would cost more than it saves.
+    """
+
+    MIN_PARALLEL_LINES = 200_000  # below this, starting workers costs more than it saves
+    CHUNK_LINES = 5_000
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.pool = None
+        if workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def __enter__(self) -> "Encoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def encode(self, model: Path, lines: Iterable[str], advance: Callable[[int], None] = lambda n: None) -> Encoded:
+        chunks = iter(lambda it=iter(lines): list(itertools.islice(it, self.CHUNK_LINES)), [])
+        parts = []
+        for flat, lengths in self._map(str(model), chunks):
+            parts.append((flat, lengths))
+            advance(len(lengths))
+        if not parts:
+            return Encoded(np.zeros(0, np.int32), np.zeros(0, np.int64))
+        return Encoded(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+    def _map(self, model: str, chunks: Iterator[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Results in order, with at most two chunks per worker in flight (bounded memory)."""
+        if self.pool is None:
+            yield from (_encode_chunk(model, chunk) for chunk in chunks)
+            return
+        pending: list = []
+        for chunk in chunks:
+            pending.append(self.pool.submit(_encode_chunk, model, chunk))
+            if len(pending) >= 2 * self.workers:
+                yield pending.pop(0).result()
+        for future in pending:
+            yield future.result()
+
+
+_VOCABS: dict[str, Vocab] = {}  # per process: each worker loads a model once
+
+
+def _encode_chunk(model: str, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    vocab = _VOCABS.get(model) or _VOCABS.setdefault(model, Vocab(model))
+    ids = vocab.encode_batch(lines)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
+# --- manifest and summary ----------------------------------------------------------------------
+
+def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
+    data = cfg.data
+    src_name, tgt_name = spm_files(cfg.vocab.joint)
+    files = {**fetch["files"], **encoded["files"]}
+    splits = {split: {"pairs": fetch["pairs"].get(split, encoded["pairs"][split]),
+                      "files": {f"{split}.{lang}": files[f"{split}.{lang}"] for lang in (data.src_lang, data.tgt_lang)}}
+              for split in SPLITS}
+    splits["train"]["pairs"] = encoded["pairs"]["train"]
+    dropped = {rule: {**fetch["cleaning"], **encoded["cleaning"]}[rule] for rule in RULES}
+    return {
+        "format": FORMAT,
+        "source": fetch["source"],
+        "languages": {"src": data.src_lang, "tgt": data.tgt_lang},
+        "provenance": fetch["provenance"],
+        "splits": splits,
+        "cleaning": {"read": fetch["cleaning"]["read"], "dropped": dropped, "kept": encoded["pairs"]["train"]},
+        "vocab": {"type": spm["type"], "joint": spm["joint"],
+                  "size": {"src": spm["models"][src_name]["size"], "tgt": spm["models"][tgt_name]["size"]},
+                  "models": {name: info["sha256"] for name, info in spm["models"].items()}},
+        "tokens": encoded["tokens"],
+    }
+
+
+def _print_summary(console, manifest: dict, status: dict, out: Path) -> None:
+    from rich.table import Table
+
+    cleaning = manifest["cleaning"]
+    table = Table(title=f"prepared {out}", title_justify="left")
+    for column in ("", "pairs", "src tokens", "tgt tokens"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("train read", f"{cleaning['read']:,}", "", "")
+    for rule, count in cleaning["dropped"].items():
+        table.add_row(f"  dropped: {rule}", f"{count:,}", "", "")
+    for split in SPLITS:
+        tokens = manifest["tokens"][split]
+        table.add_row(split, f"{manifest['splits'][split]['pairs']:,}", f"{tokens['src']:,}", f"{tokens['tgt']:,}")
+    console.info(table)
+    dropped = {reason: count for reason, count in manifest["provenance"].get("dropped_verses", {}).items() if count}
+    if dropped:
+        console.info("verses not paired: " + _counts_text(dropped))
+    vocab = manifest["vocab"]
+    sizes = vocab["size"]
+    size_text = f"{sizes['src']:,}" if vocab["joint"] else f"{sizes['src']:,} src / {sizes['tgt']:,} tgt"
+    console.info(f"vocab: {vocab['type']}, {'joint' if vocab['joint'] else 'separate'}, {size_text} pieces")
+    console.info("steps: " + ", ".join(f"{name} {state}" for name, state in status.items()))
+
+
+def _counts_text(counts: dict) -> str:
+    return ", ".join(f"{name} {count:,}" for name, count in counts.items())
+
+
+@contextlib.contextmanager
+def _progress(console, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar (a pulsing one when ``total`` is None); yields ``advance(n)``.
+
+    Bars are for a person watching a terminal; a log file gets the summary table only.
+    """
+    if not console.is_terminal:
+        yield lambda n: None
+        return
+    progress = console.progress()
+    progress.start()
+    task = progress.add_task(description, total=total)
+    try:
+        yield lambda n: progress.advance(task, n)
+    except BaseException:
+        progress.live.transient = True  # the error is reported alone, without a half-drawn bar
+        progress.live.stop()
+        raise
+    if total is None:
+        progress.update(task, total=1, completed=1)
+    progress.stop()

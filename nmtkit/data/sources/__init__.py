@@ -1,0 +1,47 @@
+"""Where parallel data comes from: local text files, HuggingFace ``datasets``, SWORD Bibles.
+
+Every source turns a ``DataConfig`` into a ``Corpus``: training pairs (a list, or a lazy
+iterator so that a large corpus streams), dev and test pairs as lists, and a JSON-able
+``provenance`` record for the manifest. ``fingerprint`` names what a fetch depends on
+(config fields, input file sizes and times, module versions) without reading the data,
+so ``prepare`` can tell cheaply whether its fetched copy is stale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Iterable, Optional
+
+Pair = tuple[str, str]
+
+
+@dataclass
+class Corpus:
+    train: Iterable[Pair]
+    dev: list[Pair]
+    test: list[Pair]
+    provenance: dict = field(default_factory=dict)
+    train_size: Optional[int] = None  # number of training pairs when known up front (progress bars)
+
+
+def source_module(source: str) -> ModuleType:
+    """The module implementing ``read(data) -> Corpus`` and ``fingerprint(data) -> dict``."""
+    if source == "files":
+        from nmtkit.data.sources import files as module
+    elif source == "hf":
+        from nmtkit.data.sources import hf as module
+    elif source == "sword":
+        from nmtkit.data.sources import sword as module
+    else:
+        from nmtkit.errors import ConfigError
+
+        raise ConfigError(f"data.source: {source!r} is not one of files, hf, sword")
+    return module
+
+
+def read_corpus(data) -> Corpus:
+    return source_module(data.source).read(data)
+
+
+def fingerprint(data) -> dict:
+    return source_module(data.source).fingerprint(data)

@@ -1,0 +1,74 @@
+"""Parallel text files: ``data.files = {split: {lang: path}}`` for train, dev and test.
+
+Dev and test are read whole (they are small and must stay line for line as given); train
+streams, so a corpus of millions of lines never sits in memory twice. Every problem a user
+can cause (a missing or empty file, bytes that are not UTF-8, sides of different lengths)
+is a ``DataError`` that names the file, and the line for bad bytes.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Iterator
+
+from nmtkit.data.sources import Corpus, Pair
+from nmtkit.errors import ConfigError, DataError
+from nmtkit.files import decode_line, read_lines
+
+SPLITS = ("train", "dev", "test")
+
+
+def paths(data) -> dict[str, tuple[Path, Path]]:
+    """(source path, target path) per split, checked to exist and be non-empty."""
+    if not isinstance(data.files, dict) or not data.files:
+        raise ConfigError("data.files: give {train, dev, test} each with "
+                          f"{data.src_lang} and {data.tgt_lang} paths (data.source=files)")
+    out = {}
+    for split in SPLITS:
+        entry = data.files.get(split)
+        if not isinstance(entry, dict):
+            raise ConfigError(f"data.files.{split}: missing; expected {{{data.src_lang}: path, {data.tgt_lang}: path}}")
+        pair = []
+        for lang in (data.src_lang, data.tgt_lang):
+            if not entry.get(lang):
+                raise ConfigError(f"data.files.{split}.{lang}: missing (languages given: {', '.join(map(str, entry))})")
+            path = Path(str(entry[lang])).expanduser()
+            if not path.is_file():
+                raise DataError(f"file not found: {path} (data.files.{split}.{lang})")
+            if path.stat().st_size == 0:
+                raise DataError(f"file is empty: {path} (data.files.{split}.{lang})")
+            pair.append(path)
+        out[split] = (pair[0], pair[1])
+    return out
+
+
+def fingerprint(data) -> dict:
+    """Paths with their sizes and modification times: a changed file means a new fetch."""
+    return {split: [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in pair]
+            for split, pair in paths(data).items()}
+
+
+def read(data) -> Corpus:
+    split_paths = paths(data)
+    dev, test = (_read_pairs(*split_paths[split]) for split in ("dev", "test"))
+    provenance = {"files": {split: {lang: str(path.resolve()) for lang, path in zip((data.src_lang, data.tgt_lang), pair)}
+                            for split, pair in split_paths.items()}}
+    return Corpus(train=_stream_pairs(*split_paths["train"]), dev=dev, test=test, provenance=provenance)
+
+
+def _read_pairs(src: Path, tgt: Path) -> list[Pair]:
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    if len(src_lines) != len(tgt_lines):
+        raise DataError(f"{src} has {len(src_lines)} lines but {tgt} has {len(tgt_lines)}")
+    return list(zip(src_lines, tgt_lines))
+
+
+def _stream_pairs(src: Path, tgt: Path) -> Iterator[Pair]:
+    """Line pairs of two files read together; a length mismatch is found when one ends."""
+    with open(src, "rb") as src_file, open(tgt, "rb") as tgt_file:
+        for lineno, (src_raw, tgt_raw) in enumerate(itertools.zip_longest(src_file, tgt_file), 1):
+            if src_raw is None or tgt_raw is None:
+                src_total = lineno - 1 + (src_raw is not None) + sum(1 for _ in src_file)
+                tgt_total = lineno - 1 + (tgt_raw is not None) + sum(1 for _ in tgt_file)
+                raise DataError(f"{src} has {src_total} lines but {tgt} has {tgt_total}")
+            yield decode_line(src_raw, str(src), lineno), decode_line(tgt_raw, str(tgt), lineno)

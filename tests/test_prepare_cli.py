@@ -1,0 +1,105 @@
+"""``nmtkit prepare`` through the real command line: success, and one clean line per user error."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nmtkit.data.sources import sword
+
+
+def write_files(root, lines=40):
+    files = {}
+    for split, count in (("train", lines), ("dev", 5), ("test", 5)):
+        files[split] = {}
+        for lang, word in (("en", "house"), ("es", "casa")):
+            path = root / f"{split}.{lang}"
+            path.write_text("".join(f"the {word} number {split} {i}\n" for i in range(count)), encoding="utf-8")
+            files[split][lang] = str(path)
+    return files
+
+
+def write_recipe(root, data, **sections):
+    path = root / "recipe.yaml"
+    path.write_text(json.dumps({"name": "cli", "workdir": str(root / "work"), "data": data,
+                                "vocab": {"size": 30}, **sections}))
+    return path
+
+
+def prepare(recipe, *overrides, env=None):
+    return subprocess.run([sys.executable, "-m", "nmtkit", "prepare", str(recipe), *overrides],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nmtkit: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_prepare_from_files(tmp_path):
+    recipe = write_recipe(tmp_path, {"source": "files", "files": write_files(tmp_path)})
+    result = prepare(recipe)
+    assert result.returncode == 0, result.stderr
+    assert "fetch done, spm done, encode done" in result.stderr
+    manifest = json.loads((tmp_path / "work" / "prepared" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["pairs"] == 40 and manifest["vocab"]["size"]["src"] == 30
+    assert prepare(recipe).stderr.count("up to date") == 3
+
+
+@pytest.mark.parametrize("problem, fragments", [
+    ("missing", ["file not found", "dev.es"]),
+    ("empty", ["file is empty", "test.en"]),
+    ("mismatch", ["train.en has 40 lines but", "train.es has 39"]),
+    ("utf8", ["train.es: line 3 is not valid UTF-8"]),
+])
+def test_files_errors(tmp_path, problem, fragments):
+    files = write_files(tmp_path)
+    if problem == "missing":
+        (tmp_path / "dev.es").unlink()
+    elif problem == "empty":
+        (tmp_path / "test.en").write_text("")
+    elif problem == "mismatch":
+        (tmp_path / "train.es").write_text("".join(f"casa {i}\n" for i in range(39)))
+    else:
+        (tmp_path / "train.es").write_bytes(b"casa\ncasa\ncasa \xe9\n" + b"casa\n" * 37)
+    assert_one_line_error(prepare(write_recipe(tmp_path, {"source": "files", "files": files})), *fragments)
+
+
+def test_vocab_too_large_for_the_data(tmp_path):
+    recipe = write_recipe(tmp_path, {"source": "files", "files": write_files(tmp_path)})
+    assert_one_line_error(prepare(recipe, "vocab.size=5000"), "SentencePiece training failed", "vocab.size")
+
+
+def test_same_language_twice(tmp_path):
+    recipe = write_recipe(tmp_path, {"source": "files", "files": write_files(tmp_path), "tgt_lang": "en"})
+    assert_one_line_error(prepare(recipe), "must differ")
+
+
+@pytest.mark.parametrize("name, fragments", [
+    ("wmt/wmt14", ["cannot load dataset wmt/wmt14 (de-en)", "Hub"]),  # Hub unreachable
+    ("./no/such/dir", ["dataset directory not found"]),
+])
+def test_hf_errors(tmp_path, name, fragments):
+    recipe = write_recipe(tmp_path, {"source": "hf", "hf_name": name, "hf_config": "de-en",
+                                     "src_lang": "de", "tgt_lang": "en"})
+    # HF_HUB_OFFLINE makes "unreachable" immediate instead of a minute of retries
+    result = prepare(recipe, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert_one_line_error(result, *fragments)
+
+
+def test_sword_missing_module(tmp_path):
+    (tmp_path / "sword" / "mods.d").mkdir(parents=True)
+    recipe = write_recipe(tmp_path, {"source": "sword", "sword_path": str(tmp_path / "sword")})
+    assert_one_line_error(prepare(recipe), "SWORD module engWEB2015eb not found", "sword-text-web")
+
+
+def test_sword_module_misspelt(tmp_path):
+    recipe = write_recipe(tmp_path, {"source": "sword", "sword_tgt": "spaRV1910"})
+    if sword._conf_path(sword.Path("/usr/share/sword"), "engWEB2015eb") is None:
+        pytest.skip("sword-text-web not installed")
+    assert_one_line_error(prepare(recipe), "SWORD module spaRV1910 not found")

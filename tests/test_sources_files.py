@@ -1,0 +1,81 @@
+"""The ``files`` source: parallel text files per split, and every error a user can cause."""
+import pytest
+
+from nmtkit.config import DataConfig
+from nmtkit.data.sources import files, read_corpus
+from nmtkit.errors import ConfigError, DataError
+
+
+def write_split(tmp_path, split, src_lines, tgt_lines):
+    paths = {}
+    for lang, lines in (("en", src_lines), ("es", tgt_lines)):
+        path = tmp_path / f"{split}.{lang}"
+        path.write_bytes(lines if isinstance(lines, bytes) else "".join(f"{line}\n" for line in lines).encode())
+        paths[lang] = str(path)
+    return paths
+
+
+@pytest.fixture
+def data(tmp_path):
+    return DataConfig(source="files", files={
+        "train": write_split(tmp_path, "train", ["one", "two", "three"], ["uno", "dos", "tres"]),
+        "dev": write_split(tmp_path, "dev", ["four"], ["cuatro"]),
+        "test": write_split(tmp_path, "test", ["five", ""], ["cinco", ""]),
+    })
+
+
+def test_reads_three_splits(data):
+    corpus = read_corpus(data)
+    assert list(corpus.train) == [("one", "uno"), ("two", "dos"), ("three", "tres")]
+    assert corpus.dev == [("four", "cuatro")]
+    assert corpus.test == [("five", "cinco"), ("", "")]  # dev/test kept line for line, empty or not
+    assert corpus.provenance["files"]["dev"]["es"].endswith("dev.es")
+
+
+def test_fingerprint_changes_with_the_file(data, tmp_path):
+    before = files.fingerprint(data)
+    (tmp_path / "train.en").write_text("one\ntwo\nthree!\n")
+    assert files.fingerprint(data) != before
+
+
+def test_missing_file(data, tmp_path):
+    (tmp_path / "dev.es").unlink()
+    with pytest.raises(DataError, match=r"file not found: .*dev\.es"):
+        read_corpus(data)
+
+
+def test_empty_file(data, tmp_path):
+    (tmp_path / "test.en").write_text("")
+    with pytest.raises(DataError, match=r"file is empty: .*test\.en"):
+        read_corpus(data)
+
+
+def test_mismatched_dev_lines(data, tmp_path):
+    (tmp_path / "dev.en").write_text("four\nextra\n")
+    with pytest.raises(DataError, match=r"dev\.en has 2 lines but .*dev\.es has 1"):
+        read_corpus(data)
+
+
+@pytest.mark.parametrize("src, tgt, expected", [("a\nb\nc\nd\n", "x\ny\n", (4, 2)), ("a\n", "x\ny\nz\n", (1, 3))])
+def test_mismatched_train_lines_found_while_streaming(data, tmp_path, src, tgt, expected):
+    (tmp_path / "train.en").write_text(src)
+    (tmp_path / "train.es").write_text(tgt)
+    with pytest.raises(DataError, match=rf"train\.en has {expected[0]} lines but .*train\.es has {expected[1]}"):
+        list(read_corpus(data).train)
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_bad_utf8_names_file_and_line(data, tmp_path, split):
+    (tmp_path / f"{split}.es").write_bytes(b"uno\ndos \xff\xfe\ntres\n" if split == "train" else b"ok\n\xc3(\n")
+    (tmp_path / f"{split}.en").write_text("a\nb\nc\n" if split == "train" else "a\nb\n")
+    with pytest.raises(DataError, match=rf"{split}\.es: line 2 is not valid UTF-8"):
+        list(read_corpus(data).train)
+
+
+def test_missing_split_or_language_is_a_config_error(data):
+    del data.files["test"]
+    with pytest.raises(ConfigError, match="data.files.test"):
+        read_corpus(data)
+    data.files["test"] = {"en": data.files["dev"]["en"]}
+    with pytest.raises(ConfigError, match="data.files.test.es"):
+        read_corpus(data)

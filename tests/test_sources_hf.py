@@ -1,0 +1,100 @@
+"""The ``hf`` source on local datasets: save_to_disk and parquet load through the same path.
+
+Nothing here touches the network: the Hub is unreachable from the test machines, and the
+Hub error path is checked through the CLI with HF_HUB_OFFLINE set (test_prepare_cli.py).
+"""
+import pytest
+
+from nmtkit.config import DataConfig
+from nmtkit.data.sources import hf, read_corpus
+from nmtkit.errors import ConfigError, DataError
+
+datasets = pytest.importorskip("datasets")
+
+ROWS = {
+    "train": [("Hello", "Hallo"), ("Good morning", "Guten Morgen"), ("Thank you", "Danke")],
+    "validation": [("Yes", "Ja")],
+    "test": [("No", "Nein"), ("Maybe", None)],  # a missing text reads as empty
+}
+
+
+def dataset_dict():
+    return datasets.DatasetDict({
+        split: datasets.Dataset.from_dict({"translation": [{"en": en, "de": de} for en, de in rows]})
+        for split, rows in ROWS.items()
+    })
+
+
+@pytest.fixture(autouse=True)
+def local_cache(tmp_path, monkeypatch):
+    """Keep the arrow cache that parquet loading writes inside the test's directory."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+
+
+@pytest.fixture(params=["save_to_disk", "parquet"])
+def local_dataset(request, tmp_path):
+    path = tmp_path / request.param
+    if request.param == "save_to_disk":
+        dataset_dict().save_to_disk(str(path))
+    else:
+        (path / "de-en").mkdir(parents=True)  # a config subdirectory, like the Hub's parquet layout
+        for split, dataset in dataset_dict().items():
+            dataset.to_parquet(str(path / "de-en" / f"{split}-00000-of-00001.parquet"))
+    return path
+
+
+def config(path, **kwargs):
+    return DataConfig(source="hf", src_lang="en", tgt_lang="de", hf_name=str(path), hf_config="de-en", **kwargs)
+
+
+def test_local_dataset_reads_all_splits(local_dataset):
+    corpus = read_corpus(config(local_dataset))
+    assert list(corpus.train) == ROWS["train"]
+    assert corpus.dev == ROWS["validation"]
+    assert corpus.test == [("No", "Nein"), ("Maybe", "")]
+    assert corpus.train_size == 3
+    assert corpus.provenance["rows"] == {"train": 3, "dev": 1, "test": 2}
+    assert corpus.provenance["splits"] == {"train": "train", "dev": "validation", "test": "test"}
+
+
+def test_reverse_direction_and_split_mapping(local_dataset):
+    swapped = {"train": "train", "dev": "test", "test": "validation"}
+    assert read_corpus(config(local_dataset, hf_splits=swapped)).test == ROWS["validation"]
+    data = config(local_dataset)
+    data.src_lang, data.tgt_lang = "de", "en"
+    assert read_corpus(data).dev == [("Ja", "Yes")]
+
+
+def test_fingerprint_names_local_files(local_dataset):
+    files = hf.fingerprint(config(local_dataset))["files"]
+    assert files and all(len(entry) == 3 for entry in files)  # relative path, size, mtime
+
+
+def test_missing_split(local_dataset):
+    data = config(local_dataset, hf_splits={"train": "train", "dev": "dev", "test": "test"})
+    with pytest.raises(DataError, match="has no split 'dev'.*train, validation, test"):
+        read_corpus(data)
+
+
+def test_missing_language(local_dataset):
+    data = config(local_dataset)
+    data.tgt_lang = "fr"
+    with pytest.raises(DataError, match="no language 'fr'.*en, de"):
+        read_corpus(data)
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(DataError, match="dataset directory not found"):
+        read_corpus(config(tmp_path / "nope"))
+
+
+def test_directory_without_dataset(tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "readme.txt").write_text("hi")
+    with pytest.raises(DataError, match="neither a saved dataset"):
+        read_corpus(config(tmp_path / "junk"))
+
+
+def test_no_name_is_a_config_error():
+    with pytest.raises(ConfigError, match="data.hf_name"):
+        read_corpus(DataConfig(source="hf"))
