@@ -17,6 +17,8 @@ from nmtkit import __version__
 app = typer.Typer(
     name="nmtkit",
     help="Neural machine translation: prepare data, train Transformers and RNNs, translate, score.",
+    epilog="Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input, 130 interrupted. "
+           "Colours are off when output is not a terminal or NO_COLOR is set.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -159,6 +161,56 @@ def average(
 
     out = average_checkpoints(run_dir, last, output)
     _console().print(f"wrote {out}")
+
+
+@app.command()
+def plot(
+    run_dirs: List[Path] = typer.Argument(..., help="Training run directories (WORKDIR/train); several are overlaid.",
+                                          show_default=False),
+    output: Path = typer.Option(Path("curves.png"), "-o", "--output", help="Image to write; its suffix picks the format (png, pdf, svg)."),
+    x: str = typer.Option("step", "--x", help="x axis: step (updates) or time (training wall time)."),
+    size: str = typer.Option("1200x800", "--size", help="Image size in pixels, WIDTHxHEIGHT."),
+) -> None:
+    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs."""
+    from nmtkit.viz.curves import plot_curves
+    from nmtkit.viz.figure import parse_size
+
+    _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size))}")
+
+
+@app.command()
+def attention(
+    sentence: str = typer.Argument(..., help="Source sentence to translate.", show_default=False),
+    model: Path = typer.Option(..., "-m", "--model", help="Model directory."),
+    output: Path = typer.Option(Path("attention.png"), "-o", "--output", help="Image to write; its suffix picks the format (png, pdf, svg)."),
+    layer: Optional[int] = typer.Option(None, "--layer", help="Decoder layer, numbered from 1 (default: the last).",
+                                        show_default=False),
+    head: Optional[int] = typer.Option(None, "--head", help="Head, numbered from 1 (default: the mean over heads).",
+                                       show_default=False),
+    grid: bool = typer.Option(False, "--grid", help="Every head of the layer, one panel each."),
+    fmt: str = typer.Option("png", "--format", help="png: draw the image at -o; json: print pieces and matrix to stdout."),
+    beam_size: int = typer.Option(4, "--beam-size", "-b", min=1, help="Beam size of the translation."),
+    size: Optional[str] = typer.Option(None, "--size", help="Image size WIDTHxHEIGHT in pixels (default: fits the sentence).",
+                                       show_default=False),
+    device: str = typer.Option("cpu", "--device", help="auto, cpu, cuda or cuda:N."),
+) -> None:
+    """Translate one sentence and show its source x target attention (SentencePiece pieces)."""
+    from nmtkit.viz.attention import attention_command
+    from nmtkit.viz.figure import parse_size
+
+    attention_command(model, sentence, output, layer, head, grid, fmt, beam_size,
+                      parse_size(size) if size else None, device, _console())
+
+
+@app.command()
+def info(
+    model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Show a model card: architecture, size, vocabularies, languages, training, data and recipe."""
+    from nmtkit.viz.card import info_command
+
+    info_command(model_dir, json_out)
 
 
 def main() -> None:

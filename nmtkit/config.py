@@ -116,6 +116,7 @@ class TrainConfig:
     max_bad_steps: int = 5  # consecutive NaN/inf steps before giving up
     average_last: int = 5  # checkpoints averaged by `nmtkit run` (0/1: none)
     workers: int = 1  # background data-loading threads (0: load in the main thread)
+    tensorboard: bool = False  # also write metrics as TensorBoard scalars to RUN_DIR/tensorboard (needs tensorboard)
 
 
 @dataclass

@@ -189,3 +189,22 @@ class Transformer(Seq2Seq):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # parameters() yields tied tensors once
+
+    @torch.no_grad()
+    def cross_attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Cross-attention probabilities [layers, B, H, T, S] of every decoder layer and head
+        in a teacher-forced pass over ``tgt_in`` [B, T] (BOS + output), for inspection.
+        ``decode_step`` keeps only the head-averaged last layer; this sees them all."""
+        enc = self.encode(src, src_mask)
+        queries: list[Tensor] = []  # per layer, the cross-attention query projection (B, T, D)
+        hooks = [layer.cross_attn.q_proj.register_forward_hook(lambda _mod, _inp, out: queries.append(out))
+                 for layer in self.decoder]
+        try:
+            self.decode(tgt_in, enc)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        maps = [layer.cross_attn.weights(layer.cross_attn._split(q), keys, mask)  # (B, H, T, S)
+                for layer, q, (keys, _) in zip(self.decoder, queries, enc.cross_kv)]
+        return torch.stack(maps)

@@ -1,0 +1,189 @@
+"""A model card: what a model directory is and how it was made, as one JSON-ready dict.
+
+From the model directory alone: architecture and dims, parameters, vocabularies, languages,
+the step it was saved at and the dev scores it was saved with. When it sits in a training
+run (RUN_DIR/best, RUN_DIR/averaged, RUN_DIR/checkpoints/step_N), also: the recipe
+(RUN_DIR/config.yaml), the run's steps, time and best dev scores (RUN_DIR/metrics.jsonl),
+and the data (WORKDIR/prepared/manifest.json). Parts that cannot be found are left out.
+No weights are loaded.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from nmtkit.errors import CheckpointError
+
+TRANSFORMER_DIMS = ("d_model", "ffn_dim", "heads", "encoder_layers", "decoder_layers", "pre_norm", "norm", "ffn",
+                    "tie_embeddings", "max_positions")
+RNN_DIMS = ("cell", "embed_dim", "hidden_dim", "encoder_layers", "decoder_layers", "bidirectional", "merge",
+            "attention", "input_feed")
+SCORES = ("dev_loss", "dev_ppl", "dev_bleu")
+
+
+def find_run_dir(model_dir: Path) -> Optional[Path]:
+    """The training run a model directory belongs to, if it is inside one."""
+    model_dir = model_dir.resolve()
+    for candidate in (model_dir.parent, model_dir.parent.parent):
+        if (candidate / "config.yaml").is_file() and (candidate / "metrics.jsonl").is_file():
+            return candidate
+    return None
+
+
+def architecture(model: dict) -> dict:
+    """The architecture's dims plus a one-line summary."""
+    if model["arch"] == "transformer":
+        norm = f"{'pre' if model['pre_norm'] else 'post'}-norm {model['norm']}"
+        summary = (f"d {model['d_model']}, ffn {model['ffn_dim']} ({model['ffn']}), heads {model['heads']}, "
+                   f"layers {model['encoder_layers']}+{model['decoder_layers']}, {norm}")
+        keys = TRANSFORMER_DIMS
+    else:
+        summary = (f"{model['cell']}, embed {model['embed_dim']}, hidden {model['hidden_dim']}, layers "
+                   f"{model['encoder_layers']}+{model['decoder_layers']}, "
+                   f"{'bi' if model['bidirectional'] else 'uni'}directional encoder, {model['attention']} attention")
+        keys = RNN_DIMS
+    return {"arch": model["arch"], "summary": summary, **{k: model[k] for k in keys if k in model}}
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, training time and the best dev scores of a run, from its metrics.jsonl."""
+    from nmtkit.viz.curves import read_metrics
+
+    records = read_metrics(run_dir)
+    train = [r for r in records if r.get("type") == "train"]
+    valid = [r for r in records if r.get("type") == "valid"]
+    out: dict[str, Any] = {"run_dir": str(run_dir)}
+    if train:
+        out["steps"] = train[-1]["step"]
+        out["train_minutes"] = round(train[-1].get("train_seconds", 0.0) / 60, 1)
+        out["final_train_loss"] = train[-1].get("loss")
+    for field, better in (("dev_bleu", max), ("dev_loss", min), ("dev_ppl", min)):
+        scored = [r for r in valid if isinstance(r.get(field), (int, float))]
+        if scored:
+            best = better(scored, key=lambda r: r[field])
+            out[f"best_{field}"] = {"score": best[field], "step": best["step"]}
+    return out
+
+
+def data_summary(manifest_path: Path) -> dict:
+    """Source, pairs and tokens per split, and cleaning counts from a prepare manifest."""
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    tokens = manifest.get("tokens", {})
+    splits = {split: {"pairs": info.get("pairs"), **({"tokens": tokens[split]} if split in tokens else {})}
+              for split, info in manifest.get("splits", {}).items()}
+    cleaning = manifest.get("cleaning", {})
+    return {"manifest": str(manifest_path), "source": manifest.get("source"), "splits": splits,
+            **({"train_read": cleaning["read"], "train_kept": cleaning.get("kept")} if "read" in cleaning else {})}
+
+
+def recipe_settings(config: dict) -> dict:
+    """The resolved recipe's values that differ from the defaults, as dotted keys (name aside)."""
+    from nmtkit.config import Config
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    defaults = flat(json.loads(json.dumps(Config().to_dict())))
+    return {k: v for k, v in flat(config).items() if k != "name" and defaults.get(k, object()) != v}
+
+
+def model_card(model_dir: str | Path) -> dict:
+    """Everything ``nmtkit info`` shows, as one JSON-ready dict."""
+    import yaml
+
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.models.store import read_meta
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"model directory not found: {model_dir}")
+    meta = read_meta(model_dir)
+    spm = meta.get("spm", {})
+    card: dict[str, Any] = {
+        "model_dir": str(model_dir),
+        "architecture": architecture(meta["model"]),
+        "parameters": meta.get("parameters"),
+        "vocabulary": {"source": len(Vocab(model_dir / spm["src"])), "target": len(Vocab(model_dir / spm["tgt"])),
+                       "joint": spm["src"] == spm["tgt"]},
+        "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
+        "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
+        "nmtkit_version": meta.get("nmtkit_version"),
+    }
+    run_dir = find_run_dir(model_dir)
+    if run_dir is None:
+        return card
+    card["training"] = training_summary(run_dir)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    card["recipe"] = {"name": config.get("name", meta.get("recipe")), "config": str(run_dir / "config.yaml"),
+                      "settings": recipe_settings(config)}
+    manifest = run_dir.parent / "prepared" / "manifest.json"
+    if not manifest.is_file() and config.get("workdir"):
+        manifest = Path(config["workdir"]) / "prepared" / "manifest.json"
+    if manifest.is_file():
+        card["data"] = data_summary(manifest)
+    return card
+
+
+def print_card(card: dict) -> None:
+    """The card as a rich table on stdout (colours only on a terminal)."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"model card: {card['model_dir']}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", overflow="fold")
+    arch, vocab, languages = card["architecture"], card["vocabulary"], card["languages"]
+    table.add_row("architecture", f"{arch['arch']}: {arch['summary']}")
+    table.add_row("parameters", _text(card.get("parameters")))
+    table.add_row("vocabulary", f"{vocab['source']:,} joint" if vocab["joint"]
+                  else f"{vocab['source']:,} source / {vocab['target']:,} target")
+    table.add_row("languages", f"{languages['source']} -> {languages['target']}")
+    table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
+    for key, value in card.get("training", {}).items():
+        table.add_row(f"training: {key.replace('_', ' ')}", _text(value))
+    data = card.get("data")
+    if data:
+        table.add_row("data", f"{data['source']} ({data['manifest']})")
+        for split, info in data["splits"].items():
+            tokens = info.get("tokens", {})
+            table.add_row(f"data: {split}", f"{_text(info['pairs'])} pairs" +
+                          (f", {_text(tokens['src'])} / {_text(tokens['tgt'])} tokens" if tokens else ""))
+    recipe = card.get("recipe")
+    if recipe:
+        table.add_row("recipe", f"{recipe['name']} ({recipe['config']})")
+        for key, value in recipe["settings"].items():
+            table.add_row(f"  {key}", _text(value))
+    Console(file=sys.stdout, highlight=False).print(table)
+
+
+def _text(value: Any) -> str:
+    """A card value for the table: thousands separators, short floats, best-of dicts."""
+    if isinstance(value, dict) and "score" in value:
+        return f"{_text(value['score'])} at step {value['step']:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_text(v) for v in value)
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def info_command(model_dir: Path, as_json: bool) -> None:
+    """``nmtkit info``: the model card as a table, or as one JSON object on stdout."""
+    card = model_card(model_dir)
+    if as_json:
+        print(json.dumps(card, indent=1, ensure_ascii=False))
+    else:
+        print_card(card)

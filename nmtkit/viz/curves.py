@@ -1,0 +1,122 @@
+"""Training curves: training loss, dev loss, dev BLEU and learning rate against update
+steps or training wall time, several runs overlaid (one colour per run).
+
+The data is ``RUN_DIR/metrics.jsonl``, the trainer's record of a run: ``train`` lines carry
+``step``, ``loss``, ``lr`` and ``train_seconds``; ``valid`` lines carry ``step``,
+``dev_loss`` and (with BLEU validation) ``dev_bleu``. Validation lines have no clock of
+their own: their time is interpolated from the training lines around them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from nmtkit.errors import ConfigError, DataError
+from nmtkit.viz.figure import new_figure, save_figure
+
+# (record type, field, panel title)
+PANELS = (("train", "loss", "training loss"), ("valid", "dev_loss", "dev loss"),
+          ("valid", "dev_bleu", "dev BLEU"), ("train", "lr", "learning rate"))
+X_AXES = ("step", "time")
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    """RUN_DIR/metrics.jsonl; a work directory (WORKDIR/train/metrics.jsonl) works too."""
+    run_dir = Path(run_dir)
+    for candidate in (run_dir / "metrics.jsonl", run_dir / "train" / "metrics.jsonl"):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"{run_dir}: no metrics.jsonl (give a training run directory, e.g. WORKDIR/train)")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of a run, in order. A cut-off last line (a run still writing) is skipped."""
+    path = metrics_path(run_dir)
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise DataError(f"{path}:{number}: not a JSON record") from None
+    return records
+
+
+def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:
+    """Legend labels: each run directory's name, with as many parent folders as it takes to
+    tell the runs apart (and at least one for the default name ``train``)."""
+    parts = [Path(d).resolve().parts for d in run_dirs]
+    labels: list[str] = []
+    for extra in range(max(len(p) for p in parts)):
+        labels = ["/".join(p[-((2 if p[-1] == "train" else 1) + extra):]) for p in parts]
+        if len(set(labels)) == len(labels):
+            break
+    return labels
+
+
+def _seconds_at(steps: list[int], train: list[dict]) -> list[float]:
+    """Training seconds at ``steps``: linear between logged train records, extrapolated after."""
+    import numpy as np
+
+    known_steps = [0] + [r["step"] for r in train]
+    known_seconds = [0.0] + [float(r["train_seconds"]) for r in train]
+    rate = known_seconds[-1] / known_steps[-1] if known_steps[-1] else 0.0
+    return [float(np.interp(s, known_steps, known_seconds)) if s <= known_steps[-1]
+            else known_seconds[-1] + (s - known_steps[-1]) * rate for s in steps]
+
+
+def series(records: list[dict], kind: str, field: str, x: str) -> tuple[list[float], list[float]]:
+    """(x, y) points of one field: x in steps, or in training seconds when ``x`` is 'time'."""
+    points = [r for r in records if r.get("type") == kind and isinstance(r.get(field), (int, float))]
+    steps = [r["step"] for r in points]
+    values = [float(r[field]) for r in points]
+    if x == "step":
+        return [float(s) for s in steps], values
+    train = [r for r in records if r.get("type") == "train" and "train_seconds" in r]
+    return _seconds_at(steps, train), values
+
+
+def _time_unit(max_seconds: float) -> tuple[float, str]:
+    if max_seconds <= 120:
+        return 1.0, "seconds"
+    if max_seconds <= 2 * 3600:
+        return 1 / 60, "minutes"
+    return 1 / 3600, "hours"
+
+
+def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step",
+                size: tuple[int, int] = (1200, 800)) -> Path:
+    """Draw the four panels for every run into ``out`` (format from its suffix)."""
+    if x not in X_AXES:
+        raise ConfigError(f"--x {x!r}: expected one of {', '.join(X_AXES)}")
+    if not run_dirs:
+        raise ConfigError("no run directory given")
+    runs = [(label, read_metrics(d)) for label, d in zip(run_labels(run_dirs), run_dirs)]
+    curves = [[series(records, kind, field, x) for kind, field, _ in PANELS] for _, records in runs]
+    longest = max((max(xs) for run in curves for xs, _ in run if xs), default=0.0)
+    scale, unit = (1.0, "update steps") if x == "step" else _time_unit(longest)
+    fig = new_figure(*size)
+    axes = fig.subplots(2, 2, sharex=True).ravel()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    for (label, _), run, color in zip(runs, curves, colors):
+        for ax, (kind, _, _), (xs, ys) in zip(axes, PANELS, run):
+            if ys:
+                ax.plot([v * scale for v in xs], ys, color=color, label=label,
+                        marker="o" if kind == "valid" else None, markersize=3, linewidth=1.2)
+    for ax, (_, field, title) in zip(axes, PANELS):
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, f"no {field} in the metrics", transform=ax.transAxes, ha="center", va="center",
+                    color="gray")
+    axes[3].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    for ax in axes[2:]:
+        ax.set_xlabel(unit if x == "step" else f"training time ({unit})")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if not handles:  # no training records at all: take the legend from any panel that has lines
+        handles, labels = next((a.get_legend_handles_labels() for a in axes if a.lines), ([], []))
+    if handles:
+        fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 4), frameon=False)
+    return save_figure(fig, out)
