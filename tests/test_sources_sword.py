@@ -39,9 +39,18 @@ needs_modules = pytest.mark.skipif(not INSTALLED, reason="needs diatheke, sword-
     ('before <div sID="i" type="introduction"/>intro text<div eID="i" type="introduction"/> after', "before after"),
     ('<transChange type="added">están</transChange> &amp; <q marker="“">dijo</q>', "están & dijo"),
     ('<div type="x-milestone" subType="x-preverse" sID="pv1"/><div sID="p" type="x-p"/>Text', "Text"),
+    ('<w>hay allí</w><transChange type="added">también</transChange><w>bdelio</w>', "hay allí también bdelio"),
+    ('the fringes</q><q marker="" who="Jesus"><w>of</w>', "the fringes of"),
+    ('<w>Jesus</w>’ words, <w>God</w>’s', "Jesus’ words, God’s"),
 ])
 def test_osis_to_text(markup, text):
     assert osis.osis_to_text(markup) == text
+
+
+def test_spanish_enclitics_stay_attached():
+    markup = '<w>háce</w><transChange type="added">lo</transChange> <w>y</w><transChange>la</transChange>'
+    assert osis.osis_to_text(markup, "es") == "hácelo yla"  # "y la" would need grammar; the RV1909 rarely glues it
+    assert osis.osis_to_text(markup) == "háce lo y la"
 
 
 # --- held-out verses -----------------------------------------------------------------------------
@@ -64,6 +73,16 @@ def test_heldout_indices_exact_disjoint_and_spread(book_sizes, dev_size, test_si
     for start, size, count in zip(starts, book_sizes, per_book):  # proportional, give or take the minimum
         assert abs(count - len(picks) * size / n) <= max(2, len(book_sizes))
     assert sword.heldout_indices(book_sizes, dev_size, test_size) == (dev, test)
+
+
+def test_shifted_chapter_is_found():
+    lengths = [10, 50, 20, 80, 30, 60, 15, 70]
+    refs, pairs = [], []
+    for chapter, tgt_lengths in ((1, lengths), (2, lengths[1:] + [40]), (3, lengths)):  # chapter 2: one verse off
+        for verse, (src_len, tgt_len) in enumerate(zip(lengths, tgt_lengths), 1):
+            refs.append(("Book", chapter, verse))
+            pairs.append(("s" * src_len, "t" * tgt_len))
+    assert sword.shifted_chapters(refs, pairs) == {("Book", 2)}
 
 
 def test_missing_module_names_the_debian_package(tmp_path):
@@ -103,6 +122,8 @@ def test_known_verses(bible):
     assert verses[("Genesis", 1, 1)] == ("In the beginning, God created the heavens and the earth.",
                                          "EN el principio crió Dios los cielos y la tierra.")
     assert verses[("John", 11, 35)] == ("Jesus wept.", "Y lloró Jesús.")
+    assert "hay allí también bdelio" in verses[("Genesis", 2, 12)][1]  # </w><transChange>: a space
+    assert verses[("Romans", 14, 6)][1].startswith("El que hace caso del día, hácelo para")  # enclitic kept
     assert verses[("Revelation of John", 22, 21)][0] == "The grace of the Lord Jesus Christ be with all the saints. Amen."
     # words around removed notes are not glued, and note text does not leak
     assert "on this rock I will build" in verses[("Matthew", 16, 18)][0]
@@ -130,6 +151,7 @@ def test_alignment_counts(bible):
     assert 30_000 < len(verses) < 31_200  # the KJV canon has 31,102 verses
     assert dropped["missing_tgt"] > 5_000  # the WEB's deuterocanon has no Spanish counterpart
     assert dropped["empty_src"] + dropped["empty_tgt"] < 100
+    assert 0 < dropped["shifted"] < 300 and ("Numbers", 13, 5) not in verses  # RV1909 numbers Num 13 as Spanish Bibles do
     assert (modules[0]["versification"], modules[1]["versification"]) == ("NRSVA", "KJV")
 
 

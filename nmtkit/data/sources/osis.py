@@ -20,9 +20,12 @@ _GAP = "\ue000"
 _GAPS = re.compile(_GAP + "+")
 _OPENING = set("([{“‘«¿¡—–-/") | {_GAP}
 _CLOSING = set(".,;:!?)]}”’»…—–-/") | {_GAP}
-# <w> tags carry only lemma/morphology attributes; a </w> directly followed by <w> joins two words.
-_W_JOIN = re.compile(r"</w>(?=<w[\s>/])")
-_W_TAG = re.compile(r"</w>|<w\b[^>]*>")
+# <w> tags carry only lemma/morphology attributes; the end of a word (or of an added-words
+# or quotation span) is a gap, since the modules write `God</w><w>created`,
+# `allí</w><transChange>también</transChange><w>bdelio` and `fringes</q><q><w>of`.
+_W_OPEN = re.compile(r"<w\b[^>]*>")
+_ENCLITIC = {"es": re.compile(r"</w>(?=<transChange\b[^>]*>(?:lo|la|los|las|le|les|me|te|se|nos|os)</transChange>)")}
+_WORD_SPANS = {"transChange", "q", "divineName", "name", "foreign", "hi", "seg"}
 _ATTR = re.compile(r"""([\w:.-]+)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 # Elements whose content is not verse text.
 _DROP = {"note", "title", "speaker", "head", "catchWord", "rdg", "figure", "index"}
@@ -33,10 +36,17 @@ _SCRIPTURE_DIVS = {"", "book", "bookGroup", "chapter", "section", "subSection", 
                    "part", "body", "bridge"}
 
 
-def osis_to_text(markup: str) -> str:
-    """Plain text of one verse entry: markup, notes and headings removed, whitespace normalised."""
+def osis_to_text(markup: str, lang: str = "") -> str:
+    """Plain text of one verse entry: markup, notes and headings removed, whitespace normalised.
+
+    ``lang`` (the module's language code) keeps enclitic pronouns that a translator added
+    in a separate span attached to their verb: the RV1909 writes
+    ``háce</w><transChange>lo</transChange>`` for "hácelo".
+    """
     markup = _NOTE.sub(_GAP, markup)  # notes never nest, so a lazy match is exact (and fast)
-    markup = _W_TAG.sub("", _W_JOIN.sub(_GAP, markup))
+    if lang in _ENCLITIC:
+        markup = _ENCLITIC[lang].sub("", markup)
+    markup = _W_OPEN.sub("", markup).replace("</w>", _GAP)
     out: list[str] = []
     stack: list[tuple[str, bool]] = []  # open container elements and whether they drop content
     dropping_ids: set[str] = set()  # sIDs of open milestone-style divisions that drop content
@@ -60,6 +70,8 @@ def osis_to_text(markup: str) -> str:
         if empty:
             continue
         if closing:
+            if name in _WORD_SPANS:  # its start may be in an earlier verse: no need to find it
+                out.append(_GAP)
             while stack:
                 open_name, drop = stack.pop()
                 dropping -= drop

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bz2
 import itertools
 import lzma
+import math
 import os
 import re
 import shutil
@@ -73,12 +74,13 @@ def aligned_verses(sword_path: Path, src: str, tgt: str) -> tuple[list[Ref], lis
     """Pairs of verses present and non-empty in both modules, in the source module's order.
 
     Returns (refs, pairs, dropped counts by reason, (src module info, tgt module info)).
-    A verse is dropped when it is missing from one versification, empty on one side, or
-    one module stores it merged with a neighbour (a "linked" verse range).
+    A verse is dropped when it is missing from one versification, empty on one side, one
+    module stores it merged with a neighbour (a "linked" verse range), or its chapter is
+    numbered one verse apart in the two modules ("shifted", see ``shifted_chapters``).
     """
     src_mod, tgt_mod = SwordModule(sword_path, src), SwordModule(sword_path, tgt)
     src_verses, tgt_verses = read_verse_texts([src_mod, tgt_mod])
-    dropped = dict(missing_src=0, missing_tgt=0, empty_src=0, empty_tgt=0, linked=0)
+    dropped = dict(missing_src=0, missing_tgt=0, empty_src=0, empty_tgt=0, linked=0, shifted=0)
     refs, pairs = [], []
     for ref, src_text in src_verses.items():
         tgt_text = tgt_verses.get(ref)
@@ -94,7 +96,42 @@ def aligned_verses(sword_path: Path, src: str, tgt: str) -> tuple[list[Ref], lis
             refs.append(ref)
             pairs.append((src_text, tgt_text))
     dropped["missing_src"] = sum(1 for ref in tgt_verses if ref not in src_verses)
+    shifted = shifted_chapters(refs, pairs)
+    keep = [i for i, ref in enumerate(refs) if ref[:2] not in shifted]
+    dropped["shifted"] = len(refs) - len(keep)
+    refs, pairs = [refs[i] for i in keep], [pairs[i] for i in keep]
     return refs, pairs, dropped, (src_mod.info(), tgt_mod.info())
+
+
+def shifted_chapters(refs: list[Ref], pairs: list[Pair], min_verses: int = 3) -> set[tuple[str, int]]:
+    """Chapters whose verses are numbered one apart in the two modules.
+
+    Both modules are indexed by an English versification, but a text keeps its own
+    tradition in places (the RV1909 starts Numbers 13 a verse early, as Spanish Bibles
+    do). In such a chapter the length ratio of each verse fits the neighbouring verse of
+    the other side far better than its own: the mean distance of log(len src / len tgt)
+    from the corpus median is then under 0.6 of the unshifted one, which itself is high
+    (over 0.25, where an aligned chapter scores about 0.1).
+    """
+    log_ratios = sorted(math.log(len(src) / len(tgt)) for src, tgt in pairs)
+    centre = log_ratios[len(log_ratios) // 2] if log_ratios else 0.0
+    chapters: dict[tuple[str, int], list[Pair]] = {}
+    for ref, pair in zip(refs, pairs):
+        chapters.setdefault(ref[:2], []).append(pair)
+    shifted = set()
+    for chapter, chapter_pairs in chapters.items():
+        if len(chapter_pairs) < min_verses:
+            continue
+        src_lens, tgt_lens = [len(p[0]) for p in chapter_pairs], [len(p[1]) for p in chapter_pairs]
+
+        def cost(offset: int) -> float:
+            pairs_at = [(s, tgt_lens[i + offset]) for i, s in enumerate(src_lens) if 0 <= i + offset < len(tgt_lens)]
+            return sum(abs(math.log(s / t) - centre) for s, t in pairs_at) / len(pairs_at)
+
+        unshifted = cost(0)
+        if unshifted > 0.25 and min(cost(1), cost(-1)) < 0.6 * unshifted:
+            shifted.add(chapter)
+    return shifted
 
 
 def heldout_indices(book_sizes: list[int], dev_size: int, test_size: int) -> tuple[list[int], list[int]]:
@@ -295,11 +332,11 @@ def _verse_texts(module: SwordModule, keys: list[Ref]) -> dict[Ref, str | object
     entries = {testament: module.entries(testament) for testament in ("ot", "nt")}
     positions = _layout(keys, [len(entries["ot"]), len(entries["nt"])], module)
     texts: dict[Ref, str | object] = {}
-    encoding = module.encoding()
+    encoding, lang = module.encoding(), module.conf.get("Lang", "")
     for testament, refs in zip(("ot", "nt"), positions):
         for ref, pos in refs:
             raw = entries[testament][pos]
-            texts[ref] = _LINKED if raw is None else osis_to_text(raw.decode(encoding, errors="replace"))
+            texts[ref] = _LINKED if raw is None else osis_to_text(raw.decode(encoding, errors="replace"), lang)
     return texts
 
 
