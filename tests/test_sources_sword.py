@@ -6,6 +6,7 @@ when they or diatheke are missing.
 """
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,43 @@ def test_missing_module_names_the_debian_package(tmp_path):
         sword.SwordModule(tmp_path, "spaRV1909eb")
 
 
+def write_rawtext_module(root, texts):
+    """A RawText module with one entry per text; repeating a text object links the entries."""
+    (root / "mods.d").mkdir(parents=True)
+    (root / "mods.d" / "tiny.conf").write_text("[Tiny]\nDataPath=./tiny/\nModDrv=RawText\nEncoding=UTF-8\n")
+    (root / "tiny").mkdir()
+    data, index, offsets = b"", b"", {}
+    for text in texts:
+        if id(text) not in offsets:
+            offsets[id(text)] = len(data)
+            data += text.encode()
+        index += struct.pack("<IH", offsets[id(text)], len(text.encode()))
+    (root / "tiny" / "ot").write_bytes(data)
+    (root / "tiny" / "ot.vss").write_bytes(index)
+
+
+def test_module_entries_and_linked_verses(tmp_path):
+    merged = "<w>verses 3-4</w>"
+    write_rawtext_module(tmp_path, ["", "", "<w>one</w>", merged, merged, "ünï"])
+    module = sword.SwordModule(tmp_path, "tiny")
+    assert module.entries("ot") == [b"", b"", b"<w>one</w>", None, None, "ünï".encode()]
+    assert module.entries("nt") == []  # no new testament in this module
+    (tmp_path / "tiny" / "ot").write_bytes(b"abc")  # truncated: the index points past its end
+    with pytest.raises(DataError, match="SWORD module tiny is damaged.*past the end"):
+        module.entries("ot")
+
+
+def test_damaged_compressed_module(tmp_path):
+    write_rawtext_module(tmp_path, ["x"])
+    conf = tmp_path / "mods.d" / "tiny.conf"
+    conf.write_text(conf.read_text().replace("RawText", "zText"))
+    (tmp_path / "tiny" / "ot.bzv").write_bytes(struct.pack("<IIH", 3, 0, 5))
+    (tmp_path / "tiny" / "ot.bzs").write_bytes(struct.pack("<III", 0, 4, 9))
+    (tmp_path / "tiny" / "ot.bzz").write_bytes(b"junk")
+    with pytest.raises(DataError, match="SWORD module tiny is damaged"):
+        sword.SwordModule(tmp_path, "tiny").entries("ot")
+
+
 def test_layout_mismatch_is_an_error():
     keys = [("Genesis", 1, 1), ("Genesis", 1, 2), ("Matthew", 1, 1)]
     module = type("M", (), {"name": "X", "versification": lambda self: "KJV"})()
@@ -165,3 +203,23 @@ def test_read_holds_out_spread_dev_and_test(aligned, monkeypatch):
     assert len(held) == 1500
     books = {ref.rsplit(" ", 1)[0] for ref in held}
     assert len(books) == 66  # every book of the Protestant canon contributes
+
+
+@needs_modules
+def test_prepare_on_the_bible(aligned, monkeypatch, tmp_path):
+    """The quickstart recipe's data section end to end, on the first 1,000 training verses."""
+    import io
+
+    from nmtkit.config import load_config
+    from nmtkit.console import NmtConsole
+    from nmtkit.data.prepare import prepare
+
+    monkeypatch.setattr(sword, "aligned_verses", lambda *args: aligned)
+    recipe = Path(__file__).parent.parent / "recipes" / "quickstart.yaml"
+    cfg = load_config(recipe, [f"workdir={tmp_path}", "data.max_train_pairs=1000", "vocab.size=300"])
+    summary = prepare(cfg, NmtConsole(0, file=io.StringIO()))
+    out = tmp_path / "prepared"
+    assert summary["splits"]["dev"]["pairs"] == 500 and summary["splits"]["test"]["pairs"] == 1000
+    assert len((out / "test.es").read_text(encoding="utf-8").splitlines()) == 1000
+    assert summary["provenance"]["dropped_verses"]["missing_tgt"] > 0
+    assert summary["cleaning"]["read"] == 1000 and summary["vocab"]["size"]["src"] == 300

@@ -177,8 +177,7 @@ def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
         files.update(_write_pairs(out, "train.prefilter", data, text_filter(_counting(train, advance))))
     if not files[f"train.prefilter.{data.src_lang}"]["lines"]:
         raise DataError(f"no training pairs left after cleaning ({_counts_text(text_filter.counts)})")
-    report = {"source": data.source, "provenance": corpus.provenance, "cleaning": text_filter.counts,
-              "pairs": {"dev": len(corpus.dev), "test": len(corpus.test)}, "files": files}
+    report = {"source": data.source, "provenance": corpus.provenance, "cleaning": text_filter.counts, "files": files}
     return report, list(files)
 
 
@@ -363,10 +362,9 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
     data = cfg.data
     src_name, tgt_name = spm_files(cfg.vocab.joint)
     files = {**fetch["files"], **encoded["files"]}
-    splits = {split: {"pairs": fetch["pairs"].get(split, encoded["pairs"][split]),
+    splits = {split: {"pairs": encoded["pairs"][split],
                       "files": {f"{split}.{lang}": files[f"{split}.{lang}"] for lang in (data.src_lang, data.tgt_lang)}}
               for split in SPLITS}
-    splits["train"]["pairs"] = encoded["pairs"]["train"]
     dropped = {rule: {**fetch["cleaning"], **encoded["cleaning"]}[rule] for rule in RULES}
     return {
         "format": FORMAT,

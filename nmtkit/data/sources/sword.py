@@ -13,6 +13,7 @@ verse.
 from __future__ import annotations
 
 import bz2
+import collections
 import itertools
 import lzma
 import math
@@ -201,30 +202,30 @@ class SwordModule:
         return {"name": self.name, **{key.lower(): self.conf.get(key, "") for key in keys}}
 
     def entries(self, testament: str) -> list[bytes | None]:
-        """Raw entries of one testament ("ot"/"nt") by index; None marks a linked repeat."""
-        driver = self.conf["ModDrv"]
-        record_fmt, compressed = _INDEX_FORMATS[driver]
+        """Raw entries of one testament ("ot"/"nt") by index; None marks linked verses."""
+        record_fmt, compressed = _INDEX_FORMATS[self.conf["ModDrv"]]
         index_path = self.data_dir / f"{testament}.{'bzv' if compressed else 'vss'}"
         if not index_path.is_file():
             return []
-        index = index_path.read_bytes()
-        step = struct.calcsize(record_fmt)
-        if compressed:
-            blocks = _read_blocks(self.data_dir / f"{testament}.bzs", self.data_dir / f"{testament}.bzz",
-                                  self.conf.get("CompressType", "ZIP"), self.name)
-        else:
-            blocks = [(self.data_dir / testament).read_bytes()]
-        out: list[bytes | None] = []
-        seen: set[tuple] = set()
-        for pos in range(0, len(index) - step + 1, step):
-            record = struct.unpack_from(record_fmt, index, pos)
-            block, start, size = record if compressed else (0, *record)
-            if size and (block, start, size) in seen:
-                out.append(None)  # points at another verse's text: a merged verse range
-                continue
-            seen.add((block, start, size))
-            out.append(blocks[block][start:start + size] if size else b"")
-        return out
+        try:
+            index = index_path.read_bytes()
+            if compressed:
+                blocks = _read_blocks(self.data_dir / f"{testament}.bzs", self.data_dir / f"{testament}.bzz",
+                                      self.conf.get("CompressType", "ZIP"), self.name)
+            else:
+                blocks = [(self.data_dir / testament).read_bytes()]
+            step, records = struct.calcsize(record_fmt), []
+            for pos in range(0, len(index) - step + 1, step):
+                record = struct.unpack_from(record_fmt, index, pos)
+                records.append(record if compressed else (0, *record))  # (block, offset, size)
+            # two verses pointing at one text are a merged range: neither alone matches the other side
+            shared = collections.Counter(record for record in records if record[2])
+            if any(offset + size > len(blocks[block]) for block, offset, size in records):
+                raise IndexError("an entry points past the end of its text")
+            return [None if shared[record] > 1 else blocks[record[0]][record[1]:record[1] + record[2]]
+                    for record in records]
+        except (OSError, IndexError, struct.error, zlib.error, lzma.LZMAError) as err:
+            raise DataError(f"SWORD module {self.name} is damaged ({testament} index: {err}); reinstall it") from None
 
     def versification(self) -> str:
         return self.conf.get("Versification", "KJV")
