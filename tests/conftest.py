@@ -1,12 +1,24 @@
 """Shared fixtures: tiny models and a tiny SentencePiece model keep every test fast."""
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads and lose much on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 WORDS = "the a cat dog sat ran on under mat house big small red blue and quickly".split()
 
@@ -30,8 +42,9 @@ def run_cli(*args: str, input: str | bytes | None = None, cwd: Path | None = Non
     """Run ``python -m nmtkit ARGS`` the way a user would (text in, text out)."""
     if isinstance(input, str):
         input = input.encode("utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: threads only add overhead
     return subprocess.run([sys.executable, "-m", "nmtkit", *args], input=input, capture_output=True, cwd=cwd,
-                          timeout=600)
+                          timeout=600, env=env)
 
 
 SYMBOLS = "a b c d e f g h i j".split()

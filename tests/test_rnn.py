@@ -19,13 +19,6 @@ ATTENTIONS = ["bahdanau", "luong-dot", "luong-general", "none"]
 CELLS = ["lstm", "gru", "rnn"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: intra-op threads only add overhead (10x slower on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_cfg(**kw) -> ModelConfig:

@@ -32,13 +32,6 @@ def save_tiny_model(directory: Path, spm: Path, seed: int) -> Path:
     return save_model_dir(model, cfg, directory, spm, spm, {"note": "random test model"})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and lose much on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -34,13 +34,6 @@ def _train(workdir: Path, **train) -> Path:
     return run_train(from_dict(tiny_recipe(workdir, train=settings)), get_console(-1))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: intra-op threads only add overhead (much slower on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
