@@ -88,7 +88,10 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     max_tokens: int = 4096  # tokens (max of src, tgt) per batch, padding included
-    update_freq: int = 1  # batches accumulated per optimizer step
+    update_freq: int = 1  # batches accumulated per optimizer step, per process (x GPUs under torchrun)
+    # batches per optimizer step over ALL processes (0: off, use update_freq); each of N processes
+    # takes batches_per_update / N of them (must divide), so the update is the same on 1, 8 or 64 GPUs
+    batches_per_update: int = 0
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no epoch limit
     max_minutes: float = 0.0  # wall-clock budget (0: none); stops at the next step boundary

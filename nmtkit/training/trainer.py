@@ -78,9 +78,10 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
             if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
     table.add_row("dims", dims)
     table.add_row("vocab (src / tgt)", f"{vocab_sizes[0]} / {vocab_sizes[1]}")
-    effective = cfg.train.max_tokens * cfg.train.update_freq * world
+    update_freq = dist.local_update_freq(cfg.train)
+    effective = cfg.train.max_tokens * update_freq * world
     table.add_row("effective batch (tokens)",
-                  f"{effective:,} = {cfg.train.max_tokens:,} x {cfg.train.update_freq} x {world} process(es)")
+                  f"{effective:,} = {cfg.train.max_tokens:,} x {update_freq} x {world} process(es)")
     table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
     console.print(table)
     return {**counts, "effective_batch_tokens": effective}
@@ -91,6 +92,7 @@ class _StopFlag:
 
     def __init__(self) -> None:
         self.signal: Optional[int] = None
+        self.since = 0.0  # time.monotonic() of the first signal
         self._old = {}
 
     def __enter__(self):
@@ -102,9 +104,11 @@ class _StopFlag:
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.signal is not None:  # second signal: stop now
+        # torchrun forwards Ctrl-C / scancel to workers that got it too: a repeat within 2 s is the same request
+        if self.signal is not None and time.monotonic() - self.since > 2.0:  # second signal: stop now
             raise KeyboardInterrupt
-        self.signal = signum
+        if self.signal is None:
+            self.signal, self.since = signum, time.monotonic()
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
@@ -132,9 +136,13 @@ def _check_resume(cfg: Config, run_dir: Path, console) -> None:
 
 
 def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) -> Optional[Path]:
-    """Train (or resume) the recipe's model; returns the run directory."""
-    dist.init()
-    device = dist.device_for_rank(resolve_device(cfg.train.device))
+    """Train (or resume) the recipe's model; returns the run directory. Under torchrun
+    every process calls this and only rank 0 prints (see distributed.py)."""
+    with dist.process_group(resolve_device(cfg.train.device)) as device:
+        return _train(cfg, dist.rank_console(console), device, restart, dry_run)
+
+
+def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: bool) -> Optional[Path]:
     dtype = resolve_dtype(cfg.train.dtype, device)
     if dtype == torch.float16:
         raise ConfigError("train.dtype=fp16 is not supported for training; use bf16 (or float32)")
@@ -249,11 +257,14 @@ class Trainer:
     def _updates(self):
         """Yield (epoch, index of last batch used, micro-batches of one update) forever."""
         t = self.cfg.train
-        per_update = t.update_freq * dist.world_size()
+        per_update = dist.local_update_freq(t) * dist.world_size()
         epoch, skip = self.state.epoch, self.state.batch_in_epoch
         src_lens, tgt_lens = self.train_data.src_lengths(), self.train_data.tgt_lengths()
         while True:
             batches = make_batches(src_lens, tgt_lens, t.max_tokens, t.seed, epoch)
+            if len(batches) < per_update:
+                raise ConfigError(f"an update takes {per_update} batches but an epoch has only {len(batches)}; "
+                                  f"lower train.max_tokens or the batches per update")
             for start in range(skip, len(batches) - per_update + 1, per_update):
                 yield epoch, start + per_update, batches[start:start + per_update]
             epoch, skip = epoch + 1, 0
@@ -263,7 +274,8 @@ class Trainer:
     def _step(self, group) -> tuple[Optional[torch.Tensor], torch.Tensor, int]:
         """One optimizer update over this rank's micro-batches of ``group``."""
         t = self.cfg.train
-        micro = dist.my_share(group, t.update_freq)
+        update_freq = dist.local_update_freq(t)
+        micro = dist.my_share(group, update_freq)
         batches = [collate(self.train_data, idx, self.max_len) for idx in micro]
         total_tokens = sum(int(self.train_data.tgt_lengths()[idx].sum()) + len(idx) for idx in group)
         scale = dist.world_size() / total_tokens  # DDP averages over ranks: undo it, normalise per token
@@ -271,6 +283,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
+            dist.seed_micro_batch(t.seed, self.state.step, dist.rank() * update_freq + i, self.device)
             batch = batch.to(self.device)
             with dist.no_sync_unless(self.forward_model, i == len(batches) - 1), autocast(self.device, self.dtype):
                 logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in)
@@ -301,6 +314,7 @@ class Trainer:
 
     def run(self) -> Path:
         self._resume()
+        dist.require_same(self.state.step, "the step they resume from (WORKDIR must be on a filesystem all nodes share)")
         t = self.cfg.train
         done = self._finished_reason()
         if done:
@@ -360,7 +374,8 @@ class Trainer:
                     continue
                 bad_in_a_row = 0
                 self.state.step += 1
-                self.state.train_seconds = time.perf_counter() - session_start
+                stopping, self.state.train_seconds = dist.agree_to_stop(
+                    stop.signal is not None, time.perf_counter() - session_start, self.device)
                 window["loss"] += loss
                 window["nll"] += nll
                 window["tokens"] += ntokens
@@ -373,7 +388,7 @@ class Trainer:
                 if step % t.save_every == 0 and dist.is_main():
                     path = self._save()
                     prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
-                reason = self._finished_reason() or ("signal" if stop.signal is not None else "")
+                reason = self._finished_reason() or ("signal" if stopping else "")
                 if reason:
                     break
             else:
@@ -384,11 +399,10 @@ class Trainer:
 
     def _log_window(self, window: dict, progress) -> None:
         elapsed = time.perf_counter() - window["start"]
-        tokens = window["tokens"]
-        loss = window["loss"].item() / max(tokens, 1)
-        nll = window["nll"].item() / max(tokens, 1)
+        tokens = window["tokens"]  # all ranks' target tokens
+        loss, nll = (dist.sum_over_ranks(torch.stack([window["loss"], window["nll"]])) / max(tokens, 1)).tolist()
         lr = self.optimizer.param_groups[0]["lr"]
-        tok_s = tokens * dist.world_size() / max(elapsed, 1e-9) if dist.world_size() > 1 else tokens / max(elapsed, 1e-9)
+        tok_s = tokens / max(elapsed, 1e-9)
         record = {"type": "train", "step": self.state.step, "epoch": self.state.epoch + 1, "loss": round(loss, 4),
                   "nll": round(nll, 4), "ppl": round(math.exp(min(nll, 50)), 2), "lr": lr,
                   "tgt_tok_s": round(tok_s, 1), "train_seconds": round(self.state.train_seconds, 1)}
@@ -398,10 +412,14 @@ class Trainer:
                       start=time.perf_counter(), steps=0)
 
     def _validate(self) -> None:
-        """Dev loss (+ BLEU); keeps RUN_DIR/best by the configured metric. Main rank only."""
-        if not dist.is_main():
-            dist.barrier()
-            return
+        """Rank 0 validates; every rank adopts its outcome, so early stopping stops all at once."""
+        if dist.is_main():
+            self._validate_main()
+        s = self.state
+        s.best_score, s.best_step, s.bad_validations = dist.from_main((s.best_score, s.best_step, s.bad_validations))
+
+    def _validate_main(self) -> None:
+        """Dev loss (+ BLEU); keeps RUN_DIR/best by the configured metric."""
         t, cfg = self.cfg.train, self.cfg
         swapped = self._swap_ema()
         try:
@@ -426,7 +444,6 @@ class Trainer:
         self._log(record)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
         self.console.info(f"[bold]valid[/bold] step {self.state.step}: {shown}{' (best)' if improved else ''}")
-        dist.barrier()
 
     def _swap_ema(self) -> Optional[dict]:
         """Load EMA weights for validation; returns the raw weights to restore."""
