@@ -1,11 +1,10 @@
 """``nmtkit prepare`` through the real command line: success, and one clean line per user error."""
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
+from conftest import run_cli
 from nmtkit.data.sources import sword
 
 
@@ -27,9 +26,10 @@ def write_recipe(root, data, **sections):
     return path
 
 
-def prepare(recipe, *overrides, env=None):
-    return subprocess.run([sys.executable, "-m", "nmtkit", "prepare", str(recipe), *overrides],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+def prepare(recipe, *overrides) -> subprocess.CompletedProcess:
+    result = run_cli("prepare", str(recipe), *overrides)
+    result.stderr = result.stderr.decode("utf-8")
+    return result
 
 
 def assert_one_line_error(result, *fragments):
@@ -84,12 +84,12 @@ def test_same_language_twice(tmp_path):
     ("wmt/wmt14", ["cannot load dataset wmt/wmt14 (de-en)", "Hub"]),  # Hub unreachable
     ("./no/such/dir", ["dataset directory not found"]),
 ])
-def test_hf_errors(tmp_path, name, fragments):
+def test_hf_errors(tmp_path, monkeypatch, name, fragments):
     recipe = write_recipe(tmp_path, {"source": "hf", "hf_name": name, "hf_config": "de-en",
                                      "src_lang": "de", "tgt_lang": "en"})
-    # HF_HUB_OFFLINE makes "unreachable" immediate instead of a minute of retries
-    result = prepare(recipe, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
-    assert_one_line_error(result, *fragments)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # "unreachable" at once instead of half a minute of retries
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert_one_line_error(prepare(recipe), *fragments)
 
 
 def test_sword_missing_module(tmp_path):
