@@ -187,15 +187,24 @@ def test_interrupted_step_is_redone(recipe, tmp_path, monkeypatch):
     assert summary["steps"] == {"fetch": "up to date", "spm": "up to date", "encode": "done"}
 
 
-def test_deleted_stamp_or_leftover_temp_file(recipe, tmp_path):
+def test_deleted_stamp_is_redone(recipe, tmp_path):
     run(recipe)
-    out = tmp_path / "work" / "prepared"
-    (out / "stamps" / "spm.json").unlink()
-    leftover = out / ".train.en.abc123.tmp"
-    leftover.write_text("half a file")
+    (tmp_path / "work" / "prepared" / "stamps" / "spm.json").unlink()
     summary, _ = run(recipe)
     assert summary["steps"]["spm"] == "done"
-    assert not leftover.exists()
+
+
+def test_leftover_temp_files_are_removed(recipe, tmp_path):
+    """A killed run leaves temp files; its step has no stamp, so only the garbage is left to clear."""
+    run(recipe)
+    out = tmp_path / "work" / "prepared"
+    leftovers = [out / ".train.en.abc123.tmp", out / "stamps" / ".encode.json.x1.tmp", out / "tmpk9_spm"]
+    leftovers[0].write_text("half a file")
+    leftovers[1].write_text("{")
+    leftovers[2].mkdir()
+    summary, _ = run(recipe)
+    assert summary["steps"] == {"fetch": "up to date", "spm": "up to date", "encode": "up to date"}
+    assert not any(path.exists() for path in leftovers)
 
 
 def test_touched_output_is_rebuilt(recipe, tmp_path):
@@ -225,3 +234,15 @@ def test_parallel_encoding_matches_single_process(tmp_path, monkeypatch):
         single, parallel = (encoder.encode(tmp_path / "m.model", texts) for encoder in (one, two))
     assert np.array_equal(single.flat, parallel.flat) and np.array_equal(single.lengths, parallel.lengths)
     assert [list(s) for s in single.sequences()] == Vocab(tmp_path / "m.model").encode_batch(texts)
+
+
+def test_second_prepare_on_the_same_dir_is_refused(recipe, tmp_path):
+    fcntl = pytest.importorskip("fcntl")
+    from nmtkit.errors import NmtkitError
+
+    out = tmp_path / "work" / "prepared"
+    out.mkdir(parents=True)
+    with open(out / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(NmtkitError, match="in use by another `nmtkit prepare`"):
+            run(recipe)
