@@ -40,7 +40,9 @@ class ParallelIds:
 def _flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(s) for s in seqs])
-    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
+    if not len(seqs):
+        return np.zeros(0, dtype=np.int32), offsets
+    flat = np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])  # ~10x faster than a Python loop
     return flat, offsets
 
 
