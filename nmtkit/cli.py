@@ -5,6 +5,7 @@ exit 1 for runtime failures, 2 for bad usage or bad input (``--debug`` shows tra
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ app = typer.Typer(
 )
 
 _state = {"debug": False, "verbosity": 0}
+# OSErrors that are the user's to fix (a full disk, a quota, a read-only or forbidden place): one line
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
 
 RecipeArg = typer.Argument(..., help="YAML recipe (see recipes/).", show_default=False)
 OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=1000 vocab.size=4000.",
@@ -224,6 +227,12 @@ def main() -> None:
             raise
         print(f"nmtkit: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except OSError as err:
+        if _state["debug"] or err.errno not in _ENVIRONMENT_ERRNOS:
+            raise
+        print(f"nmtkit: error: {err.filename}: {err.strerror}" if err.filename else f"nmtkit: error: {err.strerror}",
+              file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)
         sys.exit(130)

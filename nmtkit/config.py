@@ -254,25 +254,50 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+# numbers outside these ranges cannot work: say so before a model is built or a step is taken
+_POSITIVE = ("train.lr", "train.max_tokens", "train.update_freq", "train.log_every", "train.validate_every",
+             "train.save_every", "train.max_bad_steps", "train.dev_bleu_beam", "vocab.size", "model.d_model",
+             "model.heads", "model.ffn_dim", "model.max_positions", "model.embed_dim", "model.hidden_dim",
+             "decode.beam_size", "decode.nbest", "decode.batch_tokens")
+_NON_NEGATIVE = ("train.max_steps", "train.max_epochs", "train.max_minutes", "train.warmup", "train.eps",
+                 "train.weight_decay", "train.clip_norm", "train.seed", "train.keep_last", "train.patience",
+                 "train.workers", "train.batches_per_update", "train.average_last", "train.dev_bleu_max_sentences",
+                 "model.encoder_layers", "model.decoder_layers", "decode.max_len_a", "decode.max_len_b",
+                 "decode.min_len", "data.max_train_pairs", "data.dev_size", "data.test_size", "data.clean.max_len",
+                 "data.clean.max_ratio", "vocab.workers")
+_FRACTIONS = ("train.label_smoothing", "train.ema_decay", "model.dropout", "model.attention_dropout",
+              "model.activation_dropout")
+
+
+def _check_ranges(cfg: Config) -> None:
+    def value(key: str) -> Any:
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        return node
+
+    for keys, ok, rule in ((_POSITIVE, lambda v: v > 0, "must be positive"),
+                           (_NON_NEGATIVE, lambda v: v >= 0, "must not be negative"),
+                           (_FRACTIONS, lambda v: 0 <= v < 1, "must be in [0, 1)")):
+        for key in keys:
+            if not ok(value(key)):
+                raise ConfigError(f"{key} {rule}, got {value(key)}")
+    betas = cfg.train.betas
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {list(betas)}")
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a dataclass type cannot express."""
-    m, t = cfg.model, cfg.train
+    m = cfg.model
     if m.preset:
         if m.preset not in PRESETS:
             raise ConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}")
+    _check_ranges(cfg)
     if m.arch == "transformer" and m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
     if m.tie_embeddings == "all" and not cfg.vocab.joint:
         raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
-    for key, value in (("train.lr", t.lr), ("train.max_tokens", t.max_tokens), ("train.update_freq", t.update_freq),
-                       ("vocab.size", cfg.vocab.size), ("model.d_model", m.d_model), ("decode.beam_size", cfg.decode.beam_size)):
-        if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}")
-    if not 0 <= t.label_smoothing < 1:
-        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
-    for key in ("dropout", "attention_dropout", "activation_dropout"):
-        if not 0 <= getattr(m, key) < 1:
-            raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(m, key)}")
     return cfg
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -41,25 +42,42 @@ class LoadedModel:
     meta: dict
 
 
-def state_dict_for_save(model: Seq2Seq) -> dict[str, torch.Tensor]:
-    """Weights keyed by name with tied tensors kept once (under their first name)."""
+def unique_state(model: Seq2Seq) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with tied tensors kept once, under their first name."""
     out, seen = {}, set()
     for name, tensor in model.state_dict(keep_vars=False).items():
         key = (tensor.data_ptr(), tensor.shape)
         if key in seen:
             continue
         seen.add(key)
-        out[name] = tensor.detach().to("cpu").contiguous()
+        out[name] = tensor
     return out
 
 
-def write_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
+def state_dict_for_save(model: Seq2Seq) -> dict[str, torch.Tensor]:
+    """Weights keyed by name with tied tensors kept once (under their first name), on the CPU."""
+    return {name: tensor.detach().to("cpu").contiguous() for name, tensor in unique_state(model).items()}
+
+
+def _save_file(weights: dict[str, torch.Tensor], filename: str, shown: Path) -> None:
+    """safetensors' ``save_file``; an I/O failure (a full disk) is raised as the OSError it is,
+    where safetensors gives its own error type with "(os error 28)" in the text."""
     from safetensors.torch import save_file
 
+    try:
+        save_file(weights, filename, metadata={"format": "pt", "nmtkit": __version__})
+    except Exception as err:
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(shown)) from err
+
+
+def write_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file(weights, tmp, metadata={"format": "pt", "nmtkit": __version__})
+        _save_file(weights, tmp, path)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -120,6 +138,9 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out_dir)
+    except OSError as err:  # a full disk, a quota, a read-only file system
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot write {out_dir}: {err.strerror or err}; nothing was replaced") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,6 +10,7 @@ previous good checkpoint (with a warning) when the newest is damaged.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -148,11 +149,37 @@ def latest_checkpoint(run_dir: Path, warn=None) -> Optional[LoadedCheckpoint]:
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int, protect: tuple[Path, ...] = ()) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints (never one in ``protect``)."""
+    """Delete all but the newest ``keep_last`` checkpoints (never one in ``protect``). Each is
+    hidden by a rename first, so a kill mid-delete leaves no half-deleted ``step_N``."""
     dirs = checkpoint_dirs(run_dir)
     for path in dirs[:-keep_last] if keep_last > 0 else []:
         if path not in protect:
-            shutil.rmtree(path, ignore_errors=True)
+            doomed = path.with_name(f".{path.name}.deleting")
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
+
+_LEFTOVER = re.compile(r"^\.(best|step_\d+)\.(.+)$")
+
+
+def tidy_run_dir(run_dir: Path) -> None:
+    """Finish what a killed trainer left half-done in ``run_dir`` (only its writer may call this).
+
+    ``save_model_dir`` replaces a directory with two renames (``X`` -> ``.X.old``, temp -> ``X``);
+    a kill between them leaves only ``.X.old``, which is complete and is moved back. Other
+    hidden leftovers (temp dirs and files, ``.X.deleting`` of a pruned checkpoint) are removed.
+    """
+    for parent in (Path(run_dir), Path(run_dir) / "checkpoints"):
+        for path in parent.iterdir() if parent.is_dir() else []:
+            match = _LEFTOVER.match(path.name)
+            if match and path.is_dir():
+                if match.group(2) == "old" and not (parent / match.group(1)).exists():
+                    os.replace(path, parent / match.group(1))
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+            elif path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
+                path.unlink(missing_ok=True)
 
 
 def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | Path] = None) -> Path:

@@ -7,6 +7,7 @@ Under ``torchrun`` each rank takes its own micro-batches of every update (see di
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,12 +23,13 @@ from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.device import autocast, resolve_device, resolve_dtype
-from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.models.build import build_model, parameter_table
-from nmtkit.models.store import load_weights, save_model_dir
+from nmtkit.models.store import load_weights, save_model_dir, unique_state
 from nmtkit.training import distributed as dist
-from nmtkit.training.checkpoint import (TrainerState, latest_checkpoint, prune_checkpoints, save_checkpoint)
+from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
+                                        save_checkpoint, tidy_run_dir)
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.validation import dev_bleu, dev_loss
@@ -35,6 +37,32 @@ from nmtkit.training.validation import dev_bleu, dev_loss
 
 class TrainingStopped(NmtkitError):
     """Training cannot go on (e.g. too many consecutive non-finite steps)."""
+
+
+@contextlib.contextmanager
+def _out_of_memory_names(batch, max_tokens: int):
+    """Running out of memory on ``batch`` becomes a one-line error naming the batch; training
+    never retries on a smaller batch, which would silently change what it computes."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as err:
+        text = str(err)
+        if not (isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in text
+                or "can't allocate memory" in text):
+            raise
+        raise TrainingStopped(f"out of memory on a batch of {batch.src.shape[0]} sentences ({batch.src.numel()} "
+                              f"source and {batch.tgt_in.numel()} target tokens with padding); lower "
+                              f"train.max_tokens (now {max_tokens}) and raise train.update_freq to keep the "
+                              f"effective batch") from err
+
+
+def _parse_record(line: str) -> Optional[dict]:
+    """A metrics.jsonl record, or None for a blank line or one that a kill cut short."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -190,7 +218,13 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
+        if dist.is_main():
+            tidy_run_dir(self.run_dir)
+        dist.barrier()
         ck = latest_checkpoint(self.run_dir, warn=self.console.warn)
+        if ck is None and checkpoint_dirs(self.run_dir):
+            raise CheckpointError(f"no readable checkpoint in {self.run_dir / 'checkpoints'} (see the warnings); "
+                                  f"move the damaged ones away, or use --restart to start over")
         if ck is None:
             if dist.is_main():
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -215,15 +249,16 @@ class Trainer:
 
     def _init_ema(self) -> None:
         if self.cfg.train.ema_decay > 0:
-            self.ema = {k: v.detach().clone().float() for k, v in self.model.state_dict().items()
+            # tied weights once: the EMA is saved as a model dir, whose loader wants each tensor once
+            self.ema = {k: v.detach().clone().float() for k, v in unique_state(self.model).items()
                         if v.is_floating_point()}
 
     def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines written after the checkpoint we resume from."""
+        """Drop metric lines written after the checkpoint we resume from (and a line torn by a kill)."""
         if not self.metrics_path.is_file():
             return
-        keep = [line for line in self.metrics_path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = [line for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").split("\n")
+                if (record := _parse_record(line)) is not None and record.get("step", 0) <= step]
         atomic_write_text(self.metrics_path, "".join(line + "\n" for line in keep))
 
     def _log(self, record: dict) -> None:
@@ -285,7 +320,9 @@ class Trainer:
         for i, batch in enumerate(batches):
             dist.seed_micro_batch(t.seed, self.state.step, dist.rank() * update_freq + i, self.device)
             batch = batch.to(self.device)
-            with dist.no_sync_unless(self.forward_model, i == len(batches) - 1), autocast(self.device, self.dtype):
+            last = i == len(batches) - 1
+            with _out_of_memory_names(batch, t.max_tokens), dist.no_sync_unless(self.forward_model, last), \
+                    autocast(self.device, self.dtype):
                 logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
                 (loss * scale).backward()
@@ -368,9 +405,10 @@ class Trainer:
                     self.console.warn(f"non-finite gradient at update {self.state.step + 1}: update skipped "
                                       f"({bad_in_a_row} in a row)")
                     if bad_in_a_row >= t.max_bad_steps:
-                        raise TrainingStopped(f"{bad_in_a_row} consecutive non-finite updates; the last good "
-                                              f"checkpoint in {self.run_dir / 'checkpoints'} is intact "
-                                              f"(try a lower train.lr or train.clip_norm=1.0)")
+                        saved = checkpoint_dirs(self.run_dir)
+                        raise TrainingStopped(f"{bad_in_a_row} consecutive non-finite updates; " + (
+                            f"the last good checkpoint, {saved[-1]}, is intact" if saved else
+                            "no checkpoint was written yet") + " (try a lower train.lr or train.clip_norm=1.0)")
                     continue
                 bad_in_a_row = 0
                 self.state.step += 1
@@ -385,12 +423,12 @@ class Trainer:
                     self._log_window(window, progress)
                 if step % t.validate_every == 0:
                     self._validate()
+                reason = self._finished_reason() or ("signal" if stopping else "")
+                if reason:  # the last checkpoint is written after the final validation, below
+                    break
                 if step % t.save_every == 0 and dist.is_main():
                     path = self._save()
                     prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
-                reason = self._finished_reason() or ("signal" if stopping else "")
-                if reason:
-                    break
             else:
                 reason = "max_epochs"
         if reason != "signal" and (self.state.step % t.validate_every):
@@ -450,5 +488,5 @@ class Trainer:
         if self.ema is None:
             return None
         raw = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict({**raw, **{k: v.to(raw[k].dtype) for k, v in self.ema.items()}})
+        self.model.load_state_dict({k: v.to(raw[k].dtype) for k, v in self.ema.items()}, strict=False)
         return raw
