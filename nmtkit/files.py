@@ -14,8 +14,8 @@ from typing import IO, Iterator
 
 from nmtkit.errors import DataError
 
-_UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) ...
-os.umask(_UMASK)  # ... and put it back
+UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) ...
+os.umask(UMASK)  # ... and put it back
 
 
 @contextlib.contextmanager
@@ -25,15 +25,17 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write (a full disk): name the file
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 
 

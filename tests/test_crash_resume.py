@@ -64,7 +64,8 @@ def newest_step(run_dir: Path) -> int:
 
 def start_and_wait(recipe: Path, run_dir: Path, min_step: int, timeout: float = 300) -> subprocess.Popen:
     """Start training and return once checkpoint ``min_step`` exists (or the process ended)."""
-    proc = subprocess.Popen(train_command(recipe), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(train_command(recipe), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and newest_step(run_dir) < min_step:
         if time.monotonic() > deadline:
@@ -77,14 +78,17 @@ def start_and_wait(recipe: Path, run_dir: Path, min_step: int, timeout: float = 
 def kill_phase(run_dir: Path) -> str:
     """What a SIGKILL interrupted, judged from what it left behind."""
     ckpts = run_dir / "checkpoints"
-    if ckpts.is_dir() and any(p.name.startswith(".step_") and not p.name.endswith(".deleting") for p in ckpts.iterdir()):
+    names = [p.name for p in ckpts.iterdir()] if ckpts.is_dir() else []
+    if any(name.startswith(".step_") and name.endswith(".deleting") for name in names):
+        return "checkpoint prune"
+    if any(name.startswith(".step_") for name in names):
         return "checkpoint write"
-    if any(p.name.startswith(".best.") for p in run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name.startswith(".best.") for p in run_dir.iterdir()):
         return "best/ write"
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size and not metrics.read_bytes().endswith(b"\n"):
         return "metrics append"
-    return "step or validation"
+    return "step, validation or start-up"
 
 
 def assert_checkpoints_readable(run_dir: Path) -> int:
@@ -110,7 +114,8 @@ class CrashReport:
     processes: int = 0
 
 
-def train_with_kills(recipe: Path, kills: int, seed: int, step_seconds: float) -> CrashReport:
+def train_with_kills(recipe: Path, kills: int, seed: int, step_seconds: float,
+                     max_steps: int = MAX_STEPS) -> CrashReport:
     """Train to the end, SIGKILLing the process ``kills`` times at seeded random moments:
     each kill waits for a chosen checkpoint, then a random delay of up to ~2 steps."""
     run_dir = recipe.parent / "train"
@@ -118,11 +123,11 @@ def train_with_kills(recipe: Path, kills: int, seed: int, step_seconds: float) -
     report = CrashReport()
     while report.kills < kills:
         done = newest_step(run_dir)
-        # now and then a kill while starting up or resuming; otherwise a little further on
-        target = done if rng.random() < 0.15 else min(done + rng.randint(1, 3), MAX_STEPS - 3)
+        startup = rng.random() < 0.15  # now and then a kill while starting up or resuming
+        target = done if startup else min(done + rng.randint(1, 3), max_steps - 3)
         proc = start_and_wait(recipe, run_dir, target)
         report.processes += 1
-        time.sleep(rng.uniform(0, 2 * step_seconds))
+        time.sleep(rng.uniform(0, 4.0 if startup else 2 * step_seconds))
         if proc.poll() is not None:  # it finished first: the run is complete, start a new kill cycle
             assert proc.returncode == 0, proc.stderr.read()
             break
@@ -154,21 +159,21 @@ def final_state(run_dir: Path) -> dict:
     return {"step": ck.trainer.step, "tensors": tensors, "metrics": metrics}
 
 
-def assert_same_final_state(a: dict, b: dict) -> None:
-    assert a["step"] == b["step"] == MAX_STEPS
+def assert_same_final_state(a: dict, b: dict, max_steps: int = MAX_STEPS) -> None:
+    assert a["step"] == b["step"] == max_steps
     assert a["tensors"].keys() == b["tensors"].keys()
     different = [k for k in a["tensors"] if not torch.equal(a["tensors"][k], b["tensors"][k])]
     assert not different, different[:5]
     assert a["metrics"] == b["metrics"]
 
 
-def reference_run(workdir: Path) -> tuple[dict, float]:
+def reference_run(workdir: Path, max_steps: int = MAX_STEPS) -> tuple[dict, float]:
     """One uninterrupted run: its final state and its seconds per step (for kill delays)."""
-    recipe = make_task(workdir)
+    recipe = make_task(workdir, max_steps=max_steps)
     train_to_end(recipe)
     records = [json.loads(line) for line in (workdir / "train" / "metrics.jsonl").read_text().splitlines()]
     seconds = [r["train_seconds"] for r in records if r["type"] == "train"][-1]
-    return final_state(workdir / "train"), max(seconds / MAX_STEPS, 0.02)
+    return final_state(workdir / "train"), max(seconds / max_steps, 0.02)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from nmtkit import __version__
 from nmtkit.config import ModelConfig, _build
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
-from nmtkit.files import atomic_write_text, sha256_file
+from nmtkit.files import UMASK, atomic_write_text, sha256_file
 from nmtkit.models.base import Seq2Seq
 from nmtkit.models.build import build_model
 
@@ -78,6 +78,7 @@ def write_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
     os.close(fd)
     try:
         _save_file(weights, tmp, path)
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp (and safetensors) make 0600
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -112,6 +113,7 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; give the directory the usual permissions
         weights = weights if weights is not None else state_dict_for_save(model)
         write_weights(tmp / WEIGHTS, weights)
         spm_names = {}
