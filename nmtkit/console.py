@@ -24,7 +24,7 @@ class NmtConsole(Console):
             self.print(*objects, **kwargs)
 
     def warn(self, message: str) -> None:
-        self.print(f"[yellow]warning:[/yellow] {message}")
+        self.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)  # one line, whatever the width
 
     def progress(self, **kwargs: Any):
         """A rich Progress on this console (silent when quiet)."""

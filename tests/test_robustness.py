@@ -199,12 +199,17 @@ def test_damaged_checkpoints_are_named_and_train_falls_back(tmp_path, prepared, 
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(step6), "-i", str(recipe))
     assert_error(code, err, 1, f"{weights}: checksum mismatch (truncated or corrupt file)")
 
+    (tmp_path / "train" / "config.yaml").write_text("model: [")  # the record of the previous settings
     code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=8")
-    flat = " ".join(err.split())  # the console wraps warnings
+    lines = err.splitlines()
     assert code == 0 and "Traceback" not in err
-    assert "warning: skipping damaged checkpoint step_00000006" in flat
-    assert "warning: skipping damaged checkpoint step_00000004" in flat and "trainer.json: corrupt" in flat
-    assert "resumed from step_00000002" in flat
+    assert (f"warning: skipping damaged checkpoint step_00000006: {weights}: checksum mismatch (truncated or "
+            f"corrupt file)") in lines
+    assert any(line.startswith("warning: skipping damaged checkpoint step_00000004: ") and "trainer.json: corrupt"
+               in line for line in lines)
+    assert f"warning: {tmp_path / 'train' / 'config.yaml'} is damaged: settings are not compared with the " \
+           f"previous session's" in lines
+    assert "resumed from step_00000002" in " ".join(err.split())
     assert load_checkpoint(tmp_path / "train" / "checkpoints" / "step_00000008").trainer.step == 8
 
     for path in checkpoint_dirs(tmp_path / "train"):

@@ -150,7 +150,13 @@ def _check_resume(cfg: Config, run_dir: Path, console) -> None:
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         return
-    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    try:
+        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict) or not isinstance(saved.get("model", {}), dict):
+        console.warn(f"{saved_path} is damaged: settings are not compared with the previous session's")
+        return
     now = cfg.to_dict()
     if saved.get("model") != json.loads(json.dumps(now["model"])):
         changed = sorted(k for k in now["model"] if saved.get("model", {}).get(k) != now["model"][k])
