@@ -291,7 +291,7 @@ def test_out_of_memory_names_the_batch_and_the_setting(tmp_path, prepared, monke
 
     monkeypatch.setattr(Transformer, "forward", forward)
     code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe))
-    line = assert_error(code, err, 1, "out of memory on a batch of ", " sentences (",
+    line = assert_error(code, err, 1, "out of memory at update 5 on a batch of ", " sentences (",
                         "target tokens with padding); lower train.max_tokens (now 200)")
     sentences = int(line.split("batch of ")[1].split()[0])
     assert 1 <= sentences <= 200

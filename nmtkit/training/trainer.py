@@ -40,7 +40,7 @@ class TrainingStopped(NmtkitError):
 
 
 @contextlib.contextmanager
-def _out_of_memory_names(batch, max_tokens: int):
+def _out_of_memory_names(batch, update: int, max_tokens: int):
     """Running out of memory on ``batch`` becomes a one-line error naming the batch; training
     never retries on a smaller batch, which would silently change what it computes."""
     try:
@@ -50,10 +50,10 @@ def _out_of_memory_names(batch, max_tokens: int):
         if not (isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in text
                 or "can't allocate memory" in text):
             raise
-        raise TrainingStopped(f"out of memory on a batch of {batch.src.shape[0]} sentences ({batch.src.numel()} "
-                              f"source and {batch.tgt_in.numel()} target tokens with padding); lower "
-                              f"train.max_tokens (now {max_tokens}) and raise train.update_freq to keep the "
-                              f"effective batch") from err
+        raise TrainingStopped(f"out of memory at update {update} on a batch of {batch.src.shape[0]} sentences "
+                              f"({batch.src.numel()} source and {batch.tgt_in.numel()} target tokens with "
+                              f"padding); lower train.max_tokens (now {max_tokens}) and raise train.update_freq "
+                              f"to keep the effective batch") from err
 
 
 def _parse_record(line: str) -> Optional[dict]:
@@ -327,7 +327,8 @@ class Trainer:
             dist.seed_micro_batch(t.seed, self.state.step, dist.rank() * update_freq + i, self.device)
             batch = batch.to(self.device)
             last = i == len(batches) - 1
-            with _out_of_memory_names(batch, t.max_tokens), dist.no_sync_unless(self.forward_model, last), \
+            with _out_of_memory_names(batch, self.state.step + 1, t.max_tokens), \
+                    dist.no_sync_unless(self.forward_model, last), \
                     autocast(self.device, self.dtype):
                 logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
