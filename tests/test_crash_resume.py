@@ -27,7 +27,7 @@ import yaml
 
 from conftest import reversal_pairs, tiny_recipe, write_prepared
 
-MAX_STEPS = 30
+MAX_STEPS = 40
 TRAIN = dict(max_steps=MAX_STEPS, max_tokens=200, save_every=1, validate_every=4, log_every=1, keep_last=2,
              ema_decay=0.9, warmup=10)
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.1)
@@ -123,7 +123,7 @@ def train_with_kills(recipe: Path, kills: int, seed: int, step_seconds: float,
     report = CrashReport()
     while report.kills < kills:
         done = newest_step(run_dir)
-        startup = rng.random() < 0.15  # now and then a kill while starting up or resuming
+        startup = rng.random() < 0.15 and done < max_steps // 2  # now and then a kill while starting up or resuming
         target = done if startup else min(done + rng.randint(1, 3), max_steps - 3)
         proc = start_and_wait(recipe, run_dir, target)
         report.processes += 1
