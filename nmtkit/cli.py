@@ -216,6 +216,23 @@ def info(
     info_command(model_dir, json_out)
 
 
+@app.command()
+def export(
+    model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),
+    output: Path = typer.Option(..., "-o", "--output", help="Directory to write.", show_default=False),
+    fmt: str = typer.Option("ctranslate2", "--format", help="Export format: ctranslate2."),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="Weight type: int8, float16, bfloat16, float32 (default: float32).", show_default=False),
+) -> None:
+    """Export a Transformer for another inference engine (translate it with --engine ctranslate2)."""
+    from nmtkit.errors import ConfigError
+
+    if fmt != "ctranslate2":
+        raise ConfigError(f"--format must be ctranslate2, not {fmt!r}")
+    from nmtkit.models.export_ct2 import export_ctranslate2
+
+    _console().info(f"wrote {export_ctranslate2(model_dir, output, quantization)}")
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and an exit code."""
     from nmtkit.errors import NmtkitError

@@ -106,6 +106,7 @@ class Translator:
         self.dtype = inference_dtype(options.dtype, self.device)
         models = [item.model.to(device=self.device, dtype=self.dtype).eval() for item in loaded_models]
         self.model = models[0] if len(models) == 1 else EnsembleModel(models)
+        self.max_positions = self.model.max_positions  # longer inputs are truncated
         self.src_vocab, self.tgt_vocab = loaded_models[0].src_vocab, loaded_models[0].tgt_vocab
         self.options = options
         self.truncated = 0
@@ -135,7 +136,7 @@ class Translator:
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids per line ([] for blank lines), cut to the model's positions."""
         sources = self.src_vocab.encode_batch([line if line.strip() else "" for line in lines])
-        limit = self.model.max_positions
+        limit = self.max_positions
         if limit is not None:
             self.truncated += sum(len(ids) > limit for ids in sources)
             sources = [ids[:limit] for ids in sources]
@@ -188,7 +189,7 @@ def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: Tran
 def _warn_truncated(translator: Translator, console) -> None:
     if translator.truncated and console is not None:
         console.warn(f"{translator.truncated} input line(s) longer than the model's "
-                     f"{translator.model.max_positions} positions were truncated")
+                     f"{translator.max_positions} positions were truncated")
 
 
 def read_chunks(handle: IO[bytes], name: str, errors: str, size: int = CHUNK_LINES) -> Iterator[list[str]]:
@@ -220,16 +221,29 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     if options.engine == "ctranslate2":
         _translate_file_ct2(model_dirs, input_path, output_path, options, console)
         return
+
+    def make_translator() -> Translator:
+        device = resolve_device(options.device)
+        inference_dtype(options.dtype, device)  # bad settings fail before the models load
+        translator = Translator(load_models(model_dirs, device), options)
+        console.detail(f"translating on {device} in {str(translator.dtype).replace('torch.', '')}")
+        return translator
+
+    run_file(make_translator, input_path, output_path, options, console)
+
+
+def run_file(make_translator: Callable[[], "Translator"], input_path: Optional[str | Path],
+             output_path: Optional[str | Path], options: TranslateOptions, console) -> None:
+    """The file/stdin I/O every engine shares: check the input, then build the translator
+    (``make_translator()``: anything with Translator's ``translate``, ``options``,
+    ``truncated`` and ``max_positions``) and stream lines through it."""
     total = None
     if input_path is not None:
         input_path = Path(input_path)
         if not input_path.is_file():
             raise DataError(f"input file not found: {input_path}")
         total = count_lines(input_path, options.errors)
-    device = resolve_device(options.device)
-    inference_dtype(options.dtype, device)  # bad settings fail before the models load
-    translator = Translator(load_models(model_dirs, device), options)
-    console.detail(f"translating on {device} in {str(translator.dtype).replace('torch.', '')}")
+    translator = make_translator()
     source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer
     name = str(input_path) if input_path is not None else "<stdin>"
     try:

@@ -1,0 +1,143 @@
+"""``nmtkit translate --engine ctranslate2``: decode a model exported by ``nmtkit export``.
+
+Everything around the search is the torch engine's: lines are read, encoded, batched by
+tokens, put back in order and written by ``translate.py`` (one output line per input line,
+atomic files, truncation warned once); only the search runs in CTranslate2, on our own
+SentencePiece ids (as pieces, one to one with CTranslate2's vocabulary).
+
+Differences from the torch engine, by CTranslate2's design:
+- beam search ranks finished hypotheses by logprob / L ** lenpen (L the pieces, EOS
+  included) instead of GNMT's ((5 + L) / 6) ** lenpen; greedy search is the same.
+  CTranslate2 renormalises the distribution after banning PAD/BOS (and EOS before
+  ``min_len``), so when scores are printed (--scores, --nbest) the outputs are re-scored
+  with ``score_batch``: the model's own log-probabilities under our GNMT rule, as the torch
+  engine prints them.
+- the length limit a * |x| + b is applied per batch (its longest sentence's) and outputs
+  are then cut to their own limit, so a sentence that runs into its limit ends there
+  without the EOS our search forces (its pieces are the same under greedy search).
+- one model only (no ensembles); ``--dtype`` picks CTranslate2's compute type
+  (auto: the exported weights' type; int8 works from a float32 export too).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from nmtkit.data.vocab import Vocab
+from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
+from nmtkit.decoding.translate import TranslateOptions, Translator, run_file
+from nmtkit.errors import ConfigError
+from nmtkit.models.base import BOS, EOS, PAD
+from nmtkit.models.export_ct2 import META, import_ctranslate2
+
+COMPUTE_TYPES = {"auto": "default", "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
+
+
+def read_export_meta(model_dir: str | Path) -> dict:
+    """Our metadata of an exported model, or a one-line error saying how to export one."""
+    model_dir = Path(model_dir)
+    path = model_dir / META
+    if not path.is_file():
+        hint = (f"run `nmtkit export {model_dir} --format ctranslate2 -o OUT` and translate with -m OUT"
+                if (model_dir / "model.safetensors").is_file() else f"{model_dir} has no {META}")
+        raise ConfigError(f"engine ctranslate2 needs an exported model; see nmtkit export: {hint}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def ct2_device(name: str) -> tuple[str, int]:
+    """Our --device (auto, cpu, cuda, cuda:N) as CTranslate2's (device, device_index)."""
+    ctranslate2 = import_ctranslate2()
+    if name == "auto":
+        return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ConfigError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
+    if kind == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        raise ConfigError(f"device {name!r} requested but CTranslate2 sees no CUDA device")
+    return kind, int(index or 0)
+
+
+class CT2Translator(Translator):
+    """A ``Translator`` whose search runs in CTranslate2. It reuses the torch engine's
+    ``translate`` (batching, order), ``encode`` (truncation) and ``format``; it loads no
+    torch model, so it sets the attributes those use itself."""
+
+    def __init__(self, model_dir: str | Path, options: TranslateOptions) -> None:
+        meta = read_export_meta(model_dir)
+        ctranslate2 = import_ctranslate2()
+        model_dir = Path(model_dir)
+        if options.dtype not in COMPUTE_TYPES:
+            raise ConfigError(f"--dtype {options.dtype} is not available with --engine ctranslate2")
+        device, index = ct2_device(options.device)
+        self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
+                                          compute_type=COMPUTE_TYPES[options.dtype],
+                                          intra_threads=torch.get_num_threads())
+        self.options, self.truncated, self.max_positions = options, 0, meta["max_positions"]
+        self.device = torch.device("cpu")  # where Translator.translate pads the source ids
+        self.src_vocab = Vocab(model_dir / meta["spm"]["src"])
+        self.tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])
+        self.description = f"CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
+        self.never = [[self.tgt_vocab.sp.IdToPiece(PAD)], [self.tgt_vocab.sp.IdToPiece(BOS)]]  # as our search
+        if options.sample:
+            ctranslate2.set_random_seed(options.seed)
+
+    def search(self, src, src_mask) -> list[list[Hypothesis]]:
+        o = self.options
+        limits = output_limits(src, src_mask, o.max_len_a, o.max_len_b, self.max_positions).tolist()
+        ids = [row[mask].tolist() for row, mask in zip(src, src_mask)]
+        if max(limits) == 0:
+            return [[Hypothesis([], 0.0, 0.0)] for _ in ids]
+        per = o.nbest if o.sample else 1  # CTranslate2 samples one hypothesis per input: repeat inputs
+        pieces = [self.src_vocab.pieces(seq) for seq in ids for _ in range(per)]
+        kwargs = dict(sampling_topk=o.topk, sampling_topp=o.topp, sampling_temperature=o.temperature,
+                      beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
+        results = self.ct2.translate_batch(
+            pieces, max_input_length=0, max_decoding_length=max(limits), min_decoding_length=o.min_len,
+            length_penalty=o.lenpen, return_scores=True, return_end_token=True, suppress_sequences=self.never,
+            return_attention=o.alignments, **kwargs)
+        out = [[self._hypothesis(result, k, limit, len(ids[b]))
+                for result in results[b * per:(b + 1) * per] for k in range(len(result.hypotheses))]
+               for b, limit in enumerate(limits)]
+        if o.scores or o.nbest > 1:
+            self._rescore(pieces[::per], out)
+        return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
+
+    def _rescore(self, sources: list[list[str]], hyps: list[list[Hypothesis]]) -> None:
+        """Set each hypothesis' logprob (EOS included) and GNMT score from ``score_batch``."""
+        flat = [(b, h) for b, row in enumerate(hyps) for h in row]
+        results = self.ct2.score_batch([sources[b] for b, _ in flat],
+                                       [self.tgt_vocab.pieces(h.tokens) for _, h in flat], max_input_length=0)
+        for (_, hyp), result in zip(flat, results):
+            hyp.logprob = float(sum(result.log_probs))
+            hyp.score = hyp.logprob / length_penalty(len(hyp.tokens), self.options.lenpen)
+
+    def _hypothesis(self, result, k: int, limit: int, src_len: int) -> Hypothesis:
+        """CTranslate2's k-th hypothesis as ours: ids cut to ``limit``, GNMT score."""
+        pieces = result.hypotheses[k]
+        tokens = [self.tgt_vocab.sp.PieceToId(piece) for piece in pieces]
+        # CTranslate2's score is logprob / n ** lenpen, n the generated pieces (EOS included)
+        logprob = result.scores[k] * max(len(tokens), 1) ** self.options.lenpen
+        if tokens and tokens[-1] == EOS:
+            tokens = tokens[:-1]
+        tokens = tokens[:limit]
+        attention = None
+        if self.options.alignments:
+            attention = torch.tensor(result.attention[k], dtype=torch.float32)[:len(tokens), :src_len]
+        return Hypothesis(tokens, logprob / length_penalty(len(tokens), self.options.lenpen), logprob, attention)
+
+
+def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
+                   options: TranslateOptions, console) -> None:
+    """``translate_file`` of translate.py with the search in CTranslate2 (one exported model)."""
+    if len(model_dirs) != 1:
+        raise ConfigError("--engine ctranslate2 decodes one model (no ensembles); give one -m")
+
+    def make_translator() -> CT2Translator:
+        translator = CT2Translator(model_dirs[0], options)
+        console.detail(f"translating with {translator.description}")
+        return translator
+
+    run_file(make_translator, input_path, output_path, options, console)

@@ -1,0 +1,160 @@
+"""Export a Transformer model directory to CTranslate2 (``nmtkit export --format ctranslate2``).
+
+The weights go straight from our modules into CTranslate2's Python spec
+(``ctranslate2.specs.TransformerSpec``); no other toolkit's converter is involved.
+
+    OUT/model.bin, OUT/config.json, OUT/shared_vocabulary.json   CTranslate2's own files
+    OUT/spm*.model                                               our SentencePiece model(s)
+    OUT/nmtkit.json                                              what our ct2 engine needs
+
+How our Transformer maps onto the spec:
+- post-norm (the paper) or pre-norm: the spec's ``pre_norm`` flag; pre-norm stacks end in
+  our final ``encoder_norm`` / ``decoder_norm``, which are the spec's ``layer_norm``.
+- sinusoidal positions: our own table is written as the spec's position encodings, so no
+  two sinusoid conventions can disagree; embeddings are scaled by sqrt(d_model) in both.
+- fused projections line up: self-attention q|k|v is one [3D, D] matrix in both, cross-
+  attention is q then a fused k|v [2D, D]; tied embeddings are aliased by CTranslate2.
+- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU FFN, or SwiGLU as a gated FFN whose
+  gate half goes through SiLU ("swish").
+- vocabulary: the SentencePiece pieces in the order of our ids, so ids agree one to one;
+  our specials (pad 0, unk 1, bos 2, eos 3) are named to CTranslate2 by their pieces.
+RNN models have no CTranslate2 counterpart and are refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from nmtkit.errors import ConfigError, NmtkitError
+from nmtkit.files import atomic_write_text
+
+QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
+META = "nmtkit.json"  # our metadata beside CTranslate2's config.json
+LAYERNORM_EPS, RMSNORM_EPS = 1e-5, 1e-6  # nn.LayerNorm's default; layers.RMSNorm's
+
+
+def import_ctranslate2():
+    """The ctranslate2 module, or a one-line error saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise NmtkitError("CTranslate2 is not installed: pip install 'nmtkit[ct2]' (or ctranslate2>=4)") from None
+    return ctranslate2
+
+
+def _array(tensor):
+    return tensor.detach().to("cpu").float().numpy().copy()
+
+
+def _linear(spec, linear) -> None:
+    spec.weight = _array(linear.weight)
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias)
+
+
+def _norm(spec, norm) -> None:
+    spec.gamma = _array(norm.weight)
+    if getattr(norm, "bias", None) is not None:  # LayerNorm; RMSNorm has no beta
+        spec.beta = _array(norm.bias)
+
+
+def _ffn(spec, ffn, norm) -> None:
+    _norm(spec.layer_norm, norm)
+    if ffn.kind == "swiglu":  # h = silu(gate) * value, gate the first half of fc_in
+        hidden = ffn.fc_out.in_features
+        weight, bias = ffn.fc_in.weight, ffn.fc_in.bias
+        spec.linear_0.weight, spec.linear_0.bias = _array(weight[:hidden]), _array(bias[:hidden])
+        spec.linear_0_noact.weight, spec.linear_0_noact.bias = _array(weight[hidden:]), _array(bias[hidden:])
+    else:
+        _linear(spec.linear_0, ffn.fc_in)
+    _linear(spec.linear_1, ffn.fc_out)
+
+
+def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
+    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and vocabularies."""
+    ctranslate2 = import_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    rms = cfg.norm == "rmsnorm"
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.pre_norm,
+        activation=common_spec.Activation.SWISH if cfg.ffn == "swiglu" else common_spec.Activation.RELU,
+        ffn_glu=cfg.ffn == "swiglu", rms_norm=rms,
+        alignment_layer=-1, alignment_heads=cfg.heads)  # alignments: last layer, mean over all heads
+    positions = _array(model.positions[:cfg.max_positions])
+    enc, dec = spec.encoder, spec.decoder
+    enc.embeddings[0].weight = _array(model.src_embed.weight)
+    dec.embeddings.weight = _array(model.tgt_embed.weight)
+    enc.scale_embeddings = dec.scale_embeddings = True  # x sqrt(d_model), as Transformer._embed
+    enc.position_encodings.encodings = positions
+    dec.position_encodings.encodings = positions
+    dec.projection.weight = _array(model.output_proj.weight)
+    if cfg.pre_norm:
+        _norm(enc.layer_norm, model.encoder_norm)
+        _norm(dec.layer_norm, model.decoder_norm)
+    for layer_spec, layer in zip(enc.layer, model.encoder):
+        _norm(layer_spec.self_attention.layer_norm, layer.attn_block.norm)
+        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _ffn(layer_spec.ffn, layer.ffn, layer.ffn_block.norm)
+    for layer_spec, layer in zip(dec.layer, model.decoder):
+        _norm(layer_spec.self_attention.layer_norm, layer.self_block.norm)
+        _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _norm(layer_spec.attention.layer_norm, layer.cross_block.norm)
+        _linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+        _linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+        _linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+        _ffn(layer_spec.ffn, layer.ffn, layer.ffn_block.norm)
+    src_pieces, tgt_pieces = vocab_pieces
+    spec.register_source_vocabulary(src_pieces)
+    spec.register_target_vocabulary(tgt_pieces)
+    config = spec.config
+    config.unk_token, config.bos_token, config.eos_token = tgt_pieces[1], tgt_pieces[2], tgt_pieces[3]
+    config.decoder_start_token = tgt_pieces[2]
+    config.add_source_bos = config.add_source_eos = False  # our sources carry no specials
+    config.layer_norm_epsilon = RMSNORM_EPS if rms else LAYERNORM_EPS
+    spec.validate()
+    return spec, ctranslate2.__version__
+
+
+def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: Optional[str] = None) -> Path:
+    """Write ``model_dir`` as a CTranslate2 model directory ``out_dir`` (atomically: a temp
+    sibling renamed into place). ``quantization`` None keeps float32 weights."""
+    from nmtkit.models.store import load_model_dir
+
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConfigError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+    loaded = load_model_dir(model_dir)
+    cfg = loaded.model_cfg
+    if cfg.arch != "transformer":
+        raise ConfigError(f"{model_dir}: only Transformer models export to CTranslate2 (this is {cfg.arch!r})")
+    pieces = tuple([vocab.sp.IdToPiece(i) for i in range(len(vocab))] for vocab in (loaded.src_vocab, loaded.tgt_vocab))
+    spec, ct2_version = build_spec(loaded.model, pieces)
+    spec.optimize(quantization=quantization)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        spec.save(str(tmp))
+        for name in set(loaded.meta["spm"].values()):
+            shutil.copyfile(Path(model_dir) / name, tmp / name)
+        meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
+                "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
+                "max_positions": cfg.max_positions, "heads": cfg.heads,
+                "model": loaded.meta["model"], **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang") if k in loaded.meta}}
+        atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
+        if out_dir.exists():
+            if not (out_dir / META).is_file():
+                raise ConfigError(f"{out_dir} exists and is not a CTranslate2 export; choose another -o")
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

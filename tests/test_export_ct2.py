@@ -1,0 +1,134 @@
+"""Export to CTranslate2: the exported model decodes like our PyTorch engine.
+
+Each tiny model is trained for a few seconds on the reversal task, so that its outputs
+depend on the input and end in EOS; then greedy translations (pieces and scores) of the
+CTranslate2 engine must equal the torch engine's, line for line.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import reversal_pairs, run_cli
+from nmtkit.config import ModelConfig
+from nmtkit.decoding.translate import TranslateOptions, translate_lines
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from nmtkit.decoding.ct2_engine import CT2Translator  # noqa: E402  (needs ctranslate2)
+from nmtkit.models.export_ct2 import export_ctranslate2  # noqa: E402
+
+VARIANTS = {
+    "post-norm": dict(),
+    "pre-norm": dict(pre_norm=True),
+    "pre-norm-rmsnorm-swiglu-untied": dict(pre_norm=True, norm="rmsnorm", ffn="swiglu", tie_embeddings="none"),
+}
+
+
+@pytest.fixture(scope="module")
+def reversal_spm(tmp_path_factory) -> Path:
+    from nmtkit.data.vocab import train_spm
+
+    path = tmp_path_factory.mktemp("spm") / "spm.model"
+    train_spm([s for pair in reversal_pairs(300, 0, length=6) for s in pair], path, vocab_size=16)
+    return path
+
+
+def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
+    """A d-32 Transformer trained briefly on reversal (outputs vary and end in EOS)."""
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.decoding.batching import pad_sources
+    from nmtkit.models.base import BOS, EOS
+    from nmtkit.models.build import build_model
+    from nmtkit.models.store import save_model_dir
+    from nmtkit.training.loss import label_smoothed_loss
+
+    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      max_positions=64, **model)
+    vocab = Vocab(spm)
+    torch.manual_seed(0)
+    net = build_model(cfg, len(vocab), len(vocab))
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    pairs = reversal_pairs(steps * 16, 1, length=6)
+    for step in range(steps):
+        batch = pairs[step * 16:(step + 1) * 16]
+        src, src_mask = pad_sources([vocab.encode(s) for s, _ in batch])
+        tgt = [vocab.encode(t) for _, t in batch]
+        tgt_in, _ = pad_sources([[BOS] + t for t in tgt])
+        tgt_out, keep = pad_sources([t + [EOS] for t in tgt])
+        loss, _ = label_smoothed_loss(net(src, src_mask, tgt_in), tgt_out, 0.1)
+        optimizer.zero_grad()
+        (loss / keep.sum()).backward()
+        optimizer.step()
+    return save_model_dir(net.eval(), cfg, out_dir, spm, spm, {"note": "reversal test model"})
+
+
+def source_lines() -> list[str]:
+    lines = [s for s, _ in reversal_pairs(30, 7, length=6)]
+    lines[3] = ""  # blank lines give blank translations in both engines
+    lines[11] = "   "
+    lines[20] = " ".join(lines[20].split()[:2])  # short inputs too
+    return lines
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_translations_and_scores_match_torch(variant, reversal_spm, tmp_path):
+    from nmtkit.models.store import load_model_dir
+
+    model_dir = train_tiny(reversal_spm, tmp_path / "model", **VARIANTS[variant])
+    out = export_ctranslate2(model_dir, tmp_path / "ct2")
+    lines = source_lines()
+    options = TranslateOptions(beam_size=1, scores=True, device="cpu", dtype="float32", max_len_b=20)
+    ours = translate_lines([load_model_dir(model_dir)], lines, options)
+    theirs = CT2Translator(out, TranslateOptions(**{**options.__dict__, "engine": "ctranslate2"})).translate(lines)
+    assert len(theirs) == len(lines)
+    assert [o.split("\t")[1] for o in ours] == [t.split("\t")[1] for t in theirs]
+    assert sum(bool(o.split("\t")[1]) for o in ours) >= 25  # the model does translate
+    for o, t in zip(ours, theirs):  # CTranslate2's log-probabilities, re-scored with our rule
+        assert float(o.split("\t")[0]) == pytest.approx(float(t.split("\t")[0]), abs=2e-3)
+
+
+def test_cli_export_and_translate_keep_one_line_per_line(reversal_spm, tmp_path):
+    model_dir = train_tiny(reversal_spm, tmp_path / "model", steps=60)
+    export = run_cli("export", str(model_dir), "--format", "ctranslate2", "-o", str(tmp_path / "ct2"),
+                     "--quantization", "int8")
+    assert export.returncode == 0, export.stderr.decode()
+    meta = json.loads((tmp_path / "ct2" / "nmtkit.json").read_text())
+    assert meta["quantization"] == "int8" and meta["spm"]["src"] == "spm.model"
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in source_lines()), encoding="utf-8")
+    for extra in ([], ["--beam-size", "4", "--nbest", "2"], ["--sample", "--nbest", "3", "--alignments"]):
+        outputs = []
+        for engine, model in (("ctranslate2", tmp_path / "ct2"), ("torch", model_dir)):
+            target = tmp_path / f"out.{engine}.txt"
+            done = run_cli("translate", "-m", str(model), "--engine", engine, "-i", str(source), "-o", str(target),
+                           "--device", "cpu", *extra)
+            assert done.returncode == 0, done.stderr.decode()
+            outputs.append(target.read_text(encoding="utf-8").splitlines())
+        theirs, ours = outputs
+        assert len(theirs) == len(ours) >= len(source_lines())  # nbest lines per input, one for a blank input
+        if "--nbest" in extra:  # the same input index on every line
+            assert [line.split("\t")[0] for line in theirs] == [line.split("\t")[0] for line in ours]
+        if "--alignments" in extra:
+            assert all(line.count("\t") == 3 for line in theirs)
+
+
+def test_unsupported_models_and_plain_directories_are_one_line_errors(reversal_spm, tmp_path):
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.models.build import build_model
+    from nmtkit.models.store import save_model_dir
+
+    cfg = ModelConfig(arch="rnn", embed_dim=8, hidden_dim=8)
+    size = len(Vocab(reversal_spm))
+    rnn_dir = save_model_dir(build_model(cfg, size, size), cfg, tmp_path / "rnn", reversal_spm, reversal_spm)
+    refused = run_cli("export", str(rnn_dir), "-o", str(tmp_path / "out"))
+    assert refused.returncode == 2
+    assert refused.stderr.decode().count("\n") == 1 and "only Transformer" in refused.stderr.decode()
+    assert not (tmp_path / "out").exists()
+    plain = run_cli("translate", "-m", str(rnn_dir), "--engine", "ctranslate2", input="a b\n")
+    assert plain.returncode == 2 and "nmtkit export" in plain.stderr.decode()
+    bad = run_cli("export", str(rnn_dir), "-o", str(tmp_path / "out"), "--quantization", "int3")
+    assert bad.returncode == 2 and "--quantization" in bad.stderr.decode()
