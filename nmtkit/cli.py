@@ -100,7 +100,7 @@ def translate(
     nbest: int = typer.Option(1, "--nbest", min=1, help="Hypotheses per input line (tab-separated: index, score, text)."),
     batch_tokens: int = typer.Option(6000, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bf16 or fp16."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
     scores: bool = typer.Option(False, "--scores", help="Prefix each line with its score and a tab."),
     alignments: bool = typer.Option(False, "--alignments", help="Append a tab and src-tgt attention argmax pairs (i-j)."),
     sample: bool = typer.Option(False, "--sample", help="Sample instead of beam search (for back-translation)."),

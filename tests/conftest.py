@@ -94,3 +94,45 @@ def tiny_recipe(workdir: Path, **sections) -> dict:
     for key, values in sections.items():
         recipe[key] = {**recipe.get(key, {}), **values}
     return recipe
+
+
+@pytest.fixture(scope="session")
+def reversal_spm(tmp_path_factory) -> Path:
+    from nmtkit.data.vocab import train_spm
+
+    path = tmp_path_factory.mktemp("spm") / "spm.model"
+    train_spm([s for pair in reversal_pairs(300, 0, length=6) for s in pair], path, vocab_size=16)
+    return path
+
+
+def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
+    """A d-32 Transformer trained for a few seconds on reversal (outputs vary with the input
+    and end in EOS, unlike a random model's), saved as a model directory."""
+    import torch
+
+    from nmtkit.config import ModelConfig
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.decoding.batching import pad_sources
+    from nmtkit.models.base import BOS, EOS
+    from nmtkit.models.build import build_model
+    from nmtkit.models.store import save_model_dir
+    from nmtkit.training.loss import label_smoothed_loss
+
+    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      max_positions=64, **model)
+    vocab = Vocab(spm)
+    torch.manual_seed(0)
+    net = build_model(cfg, len(vocab), len(vocab))
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    pairs = reversal_pairs(steps * 16, 1, length=6)
+    for step in range(steps):
+        batch = pairs[step * 16:(step + 1) * 16]
+        src, src_mask = pad_sources([vocab.encode(s) for s, _ in batch])
+        tgt = [vocab.encode(t) for _, t in batch]
+        tgt_in, _ = pad_sources([[BOS] + t for t in tgt])
+        tgt_out, keep = pad_sources([t + [EOS] for t in tgt])
+        loss, _ = label_smoothed_loss(net(src, src_mask, tgt_in), tgt_out, 0.1)
+        optimizer.zero_grad()
+        (loss / keep.sum()).backward()
+        optimizer.step()
+    return save_model_dir(net.eval(), cfg, out_dir, spm, spm, {"note": "reversal test model"})

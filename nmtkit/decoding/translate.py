@@ -38,7 +38,7 @@ class TranslateOptions:
     nbest: int = 1  # > 1: "index \t score \t text" lines, best first
     batch_tokens: int = 6000  # source pieces x beam (or samples) per batch
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bf16 | fp16
+    dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: Linear layers quantised dynamically)
     scores: bool = False  # prefix "score \t"
     alignments: bool = False  # append "\t i-j ..." (source piece i, target piece j)
     sample: bool = False  # sample instead of beam search
@@ -56,8 +56,8 @@ class TranslateOptions:
             problems.append(f"--engine must be torch or ctranslate2, not {self.engine!r}")
         if self.errors not in ("strict", "replace"):
             problems.append(f"--errors must be strict or replace, not {self.errors!r}")
-        if self.dtype not in ("auto", "float32", "bf16", "fp16"):
-            problems.append(f"--dtype must be auto, float32, bf16 or fp16, not {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
+            problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
         if self.beam_size < 1 or self.nbest < 1 or self.batch_tokens < 1:
             problems.append("--beam-size, --nbest and --batch-tokens must be at least 1")
         if not self.sample and self.nbest > self.beam_size:
@@ -74,6 +74,10 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype weights are cast to for translation: ``auto`` is bf16 on a CUDA device that
     has it and float32 on CPU (where bf16 must be asked for)."""
     if name == "auto" and device.type == "cpu":
+        return torch.float32
+    if name == "int8":  # float32 weights, then quantised (Translator)
+        if device.type != "cpu":
+            raise ConfigError("--dtype int8 runs on CPU only (use --device cpu)")
         return torch.float32
     return resolve_dtype(name, device)
 
@@ -105,6 +109,10 @@ class Translator:
         self.device = resolve_device(options.device)
         self.dtype = inference_dtype(options.dtype, self.device)
         models = [item.model.to(device=self.device, dtype=self.dtype).eval() for item in loaded_models]
+        if options.dtype == "int8":
+            from nmtkit.models.quantize import quantize_int8
+
+            models = [quantize_int8(model) for model in models]
         self.model = models[0] if len(models) == 1 else EnsembleModel(models)
         self.max_positions = self.model.max_positions  # longer inputs are truncated
         self.src_vocab, self.tgt_vocab = loaded_models[0].src_vocab, loaded_models[0].tgt_vocab
@@ -226,7 +234,8 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
         device = resolve_device(options.device)
         inference_dtype(options.dtype, device)  # bad settings fail before the models load
         translator = Translator(load_models(model_dirs, device), options)
-        console.detail(f"translating on {device} in {str(translator.dtype).replace('torch.', '')}")
+        dtype = "int8" if options.dtype == "int8" else str(translator.dtype).replace("torch.", "")
+        console.detail(f"translating on {device} in {dtype}")
         return translator
 
     run_file(make_translator, input_path, output_path, options, console)
