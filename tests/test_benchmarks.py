@@ -1,0 +1,62 @@
+"""The benchmark scripts run end to end on a tiny model and write their JSON and tables."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import common  # noqa: E402
+
+
+def test_flops_of_the_anchor_model():
+    """ANCHORS.md: d 256, FFN 1024, 3+3 layers, tied 8k vocabulary cost ~45 MFLOP per
+    target token to train (matmuls; attention adds a little at ~30-piece sentences)."""
+    model = dict(d_model=256, ffn_dim=1024, encoder_layers=3, decoder_layers=3)
+    flops = common.transformer_flops(model, 8000, src_len=30, tgt_len=30)
+    assert 45e6 < flops["train_per_tgt_token"] < 47e6
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    work = tmp_path_factory.mktemp("bench")
+    write_prepared(work, reversal_pairs(300, 0, length=6), reversal_pairs(12, 1, length=6))
+    recipe = tiny_recipe(work, train={"max_steps": 10, "validate_every": 10, "save_every": 10})
+    (work / "recipe.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    done = run_cli("train", str(work / "recipe.yaml"))
+    assert done.returncode == 0, done.stderr.decode()
+    return work / "train" / "best", work / "prepared"
+
+
+def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
+    import decode_speed
+    import startup
+    import train_speed
+
+    model, data = trained
+    shared = ["--model", str(model), "--data", str(data), "--out", str(tmp_path), "--threads", "1"]
+    train = train_speed.main([*shared, "--recipe", str(data.parent / "recipe.yaml"), "--dtypes", "float32",
+                              "--steps", "6", "--log-every", "2", "--warmup-windows", "1"])
+    assert train[0]["tgt_tok_s"] > 0 and train[0]["peak_rss_mib"] > 50 and train[0]["mfu_pct"] > 0
+    engines = "torch:float32:2,torch:int8:1" + (",ct2:float32:1" if decode_speed.available("ct2") else "")
+    decode = decode_speed.main([*shared, "--configs", engines, "--forced-configs", "torch:float32:2",
+                                "--forced-len", "3", "--max-sentences", "8", "--warmup", "2"])
+    assert len(decode) == len(engines.split(",")) + 1
+    for record in decode:
+        assert record["sentences"] == 8 and record["sent_s"] > 0
+    assert all("bleu" in r for r in decode if not r["forced_len"])
+    forced = decode[-1]
+    assert forced["tgt_tokens"] == 8 * 3  # exactly the forced length per sentence
+    records = startup.main([*shared, "--repeats", "1"])
+    assert records[0]["what"] == "nmtkit --help" and all(r["median_s"] > 0 for r in records)
+    for name in ("train_speed", "decode_speed", "startup"):
+        payload = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
+        assert payload["records"] and payload["machine"]["cores"] >= 1
+        assert (tmp_path / f"{name}.md").read_text(encoding="utf-8").startswith("## ")
