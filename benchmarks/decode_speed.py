@@ -2,10 +2,13 @@
 and beam, each configuration in a fresh process (its own peak RSS, no shared warm state).
 
 Engines: ``torch`` (nmtkit's own search; dtype float32, bf16 or int8 = dynamically
-quantised Linear layers, ``--dtype int8``), ``ct2`` (CTranslate2 on the model exported by ``nmtkit export``;
-float32 or int8 compute), ``hf`` (HuggingFace MarianMT ``generate``, random weights of the
-same dims: forced lengths only). Every engine reads the same lines, encodes them with the
-same SentencePiece model and runs the same length-sorted batches of ``--batch-tokens``
+quantised Linear layers, ``--dtype int8``), ``ct2`` (``nmtkit translate --engine ctranslate2``
+on the model exported by ``nmtkit export``; float32 or int8 compute), ``ct2direct`` (the same
+export run by CTranslate2 alone, as its own users would: SentencePiece pieces into one
+``translate_batch`` call that sorts and batches by itself), ``hf`` (HuggingFace MarianMT
+``generate``, random weights of the same dims, float32, bf16 or int8 = the same dynamic
+quantisation as ours: forced lengths only). Every engine reads the same lines, encodes them
+with the same SentencePiece model and runs length-sorted batches of ``--batch-tokens``
 source tokens x beam. Timing starts after model loading and a warm-up on the first
 ``--warmup`` lines; it covers encoding, search and detokenisation.
 
@@ -31,8 +34,9 @@ from pathlib import Path
 import common
 
 NATURAL = "torch:float32:4,torch:float32:1,torch:bf16:4,torch:bf16:1,torch:int8:4,torch:int8:1," \
-          "ct2:float32:4,ct2:float32:1,ct2:int8:4,ct2:int8:1"
-FORCED = "torch:float32:4,ct2:float32:4,ct2:int8:4,hf:float32:4"
+          "ct2:float32:4,ct2:float32:1,ct2:int8:4,ct2:int8:1,ct2direct:float32:4,ct2direct:int8:4"
+FORCED = "torch:float32:4,torch:int8:4,ct2:float32:4,ct2:int8:4,ct2direct:float32:4,ct2direct:int8:4," \
+         "hf:float32:4,hf:int8:4"
 
 
 # -- the child: one configuration ------------------------------------------------------------
@@ -60,7 +64,8 @@ def torch_translator(cfg: dict, options):
 
 class MarianForced:
     """HuggingFace MarianMT (post-norm, sinusoidal, scaled tied embeddings: our architecture)
-    with random weights, decoding exactly ``forced_len`` pieces per hypothesis."""
+    with random weights, decoding exactly ``forced_len`` pieces per hypothesis, in ``dtype``
+    (bf16: weights cast; int8: ``quantize_dynamic`` on its Linear layers, as ``--dtype int8``)."""
 
     def __init__(self, cfg: dict) -> None:
         import torch
@@ -82,6 +87,10 @@ class MarianForced:
                               forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
         torch.manual_seed(0)
         self.model = MarianMTModel(config).eval()
+        if cfg["dtype"] == "bf16":
+            self.model = self.model.to(torch.bfloat16)
+        elif cfg["dtype"] == "int8":
+            self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
         self.options = TranslateOptions(beam_size=cfg["beam"], batch_tokens=cfg["batch_tokens"])
         self.forced_len = cfg["forced_len"]
         self.tokens = 0
@@ -106,11 +115,47 @@ class MarianForced:
         return out
 
 
+class CT2Direct:
+    """CTranslate2 without nmtkit in the loop: the target for ``--engine ctranslate2``'s
+    overhead. One ``translate_batch`` over all lines with CTranslate2's own sorting and
+    batches of ``batch_tokens / beam`` source tokens (the same rows as the other engines);
+    the length limit is the longest source + 50 for all (CTranslate2 has no per-sentence
+    limit), or exactly ``forced_len``."""
+
+    def __init__(self, cfg: dict) -> None:
+        import ctranslate2
+        import sentencepiece
+
+        from nmtkit.models.export_ct2 import META
+
+        model_dir = Path(cfg["ct2_model"])
+        spm = json.loads((model_dir / META).read_text(encoding="utf-8"))["spm"]
+        self.sp_src = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["src"]))
+        self.sp_tgt = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["tgt"]))
+        compute = {"float32": "float32", "int8": "int8", "bf16": "bfloat16"}[cfg["dtype"]]
+        self.ct2 = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute,
+                                          intra_threads=cfg["threads"])
+        self.beam, self.forced_len, self.batch_tokens = cfg["beam"], cfg["forced_len"], cfg["batch_tokens"]
+        self.tokens = 0
+
+    def translate(self, lines: list[str]) -> list[str]:
+        pieces = self.sp_src.encode(lines, out_type=str)
+        limit = self.forced_len or max(len(p) for p in pieces) + 50
+        results = self.ct2.translate_batch(pieces, max_batch_size=max(1, self.batch_tokens // self.beam),
+                                           batch_type="tokens", beam_size=self.beam, length_penalty=0.6,
+                                           max_decoding_length=limit, min_decoding_length=self.forced_len or 0)
+        best = [result.hypotheses[0] for result in results]
+        self.tokens += sum(len(h) for h in best)
+        return [self.sp_tgt.decode_pieces(h) for h in best]
+
+
 def make_translator(cfg: dict):
     from nmtkit.decoding.translate import TranslateOptions
 
     if cfg["engine"] == "hf":
         return MarianForced(cfg)
+    if cfg["engine"] == "ct2direct":
+        return CT2Direct(cfg)
     forced = cfg.get("forced_len")
     lengths = dict(min_len=forced, max_len_a=0.0, max_len_b=forced) if forced else {}
     options = TranslateOptions(beam_size=cfg["beam"], batch_tokens=cfg["batch_tokens"], device=cfg["device"],
@@ -131,7 +176,7 @@ def child(cfg: dict) -> None:
     start = time.perf_counter()
     translator = make_translator(cfg)
     load_s = time.perf_counter() - start
-    counter = translator if cfg["engine"] == "hf" else Counting(translator)
+    counter = translator if cfg["engine"] in ("hf", "ct2direct") else Counting(translator)
     translator.translate(lines[:cfg["warmup"]])
     counter.tokens = 0
     start = time.perf_counter()
@@ -153,7 +198,7 @@ def parse_configs(text: str) -> list[tuple[str, str, int]]:
 
 
 def available(engine: str) -> bool:
-    module = {"ct2": "ctranslate2", "hf": "transformers"}.get(engine)
+    module = {"ct2": "ctranslate2", "ct2direct": "ctranslate2", "hf": "transformers"}.get(engine)
     if module is None:
         return True
     try:
@@ -238,7 +283,7 @@ def main(argv=None) -> list[dict]:
             forced_len = round(sum(pieces) / len(pieces))
         if forced_len:
             runs += [(c, forced_len) for c in parse_configs(args.forced_configs)]
-        ct2_dir = export_for_ct2(args.model, scratch) if any(c[0] == "ct2" for c, _ in runs) and available("ct2") else None
+        ct2_dir = export_for_ct2(args.model, scratch) if any(c[0].startswith("ct2") for c, _ in runs) and available("ct2") else None
         for (engine, dtype, beam), forced in runs:
             if not available(engine):
                 print(f"skipping {engine}: not installed", file=sys.stderr)

@@ -45,15 +45,22 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
     train = train_speed.main([*shared, "--recipe", str(data.parent / "recipe.yaml"), "--dtypes", "float32",
                               "--steps", "6", "--log-every", "2", "--warmup-windows", "1"])
     assert train[0]["tgt_tok_s"] > 0 and train[0]["peak_rss_mib"] > 50 and train[0]["mfu_pct"] > 0
-    engines = "torch:float32:2,torch:int8:1" + (",ct2:float32:1" if decode_speed.available("ct2") else "")
-    decode = decode_speed.main([*shared, "--configs", engines, "--forced-configs", "torch:float32:2",
-                                "--forced-len", "3", "--max-sentences", "8", "--warmup", "2"])
-    assert len(decode) == len(engines.split(",")) + 1
+    has_ct2 = decode_speed.available("ct2")
+    engines = "torch:float32:2,torch:int8:1" + (",ct2:float32:1,ct2direct:float32:1" if has_ct2 else "")
+    forced_engines = "torch:float32:2" + (",ct2direct:int8:2" if has_ct2 else "")
+    decode = decode_speed.main([*shared, "--configs", engines, "--forced-configs", forced_engines,
+                                "--forced-len", "3", "--max-sentences", "8", "--warmup", "2", "--keep-outputs"])
+    assert [r["config"] for r in decode] == [c.replace(":", "-", 1).replace(":", "-b") for c in engines.split(",")] + \
+        [c.replace(":", "-", 1).replace(":", "-b") + "-forced3" for c in forced_engines.split(",")]
     for record in decode:
         assert record["sentences"] == 8 and record["sent_s"] > 0
     assert all("bleu" in r for r in decode if not r["forced_len"])
-    forced = decode[-1]
-    assert forced["tgt_tokens"] == 8 * 3  # exactly the forced length per sentence
+    for forced in (r for r in decode if r["forced_len"]):
+        assert forced["tgt_tokens"] == 8 * 3, forced["config"]  # exactly the forced length per sentence
+    if has_ct2:  # CTranslate2 alone and through nmtkit: same export, same greedy search, same lines
+        direct = (tmp_path / "ct2direct-float32-b1.txt").read_text(encoding="utf-8")
+        assert direct == (tmp_path / "ct2-float32-b1.txt").read_text(encoding="utf-8")
+        assert len(direct.splitlines()) == 8
     records = startup.main([*shared, "--repeats", "1"])
     assert records[0]["what"] == "nmtkit --help" and all(r["median_s"] > 0 for r in records)
     for name in ("train_speed", "decode_speed", "startup"):
