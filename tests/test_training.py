@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
 from nmtkit.config import TrainConfig, from_dict
@@ -45,6 +46,34 @@ def test_label_smoothed_loss_matches_hand_computation():
     loss, nll = label_smoothed_loss(logits, target, eps)
     assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-6)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_label_smoothed_loss_and_gradient_equal_cross_entropy(eps):
+    """The hand-written backward against autograd through F.cross_entropy, padding included."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, dtype=torch.float64).float().requires_grad_()
+    target = torch.randint(4, 11, (3, 5))
+    target[1, 3:] = PAD
+    target[2, 0] = PAD
+    loss, nll = label_smoothed_loss(logits, target, eps)
+    (loss * 0.37).backward()
+    reference = logits.detach().clone().requires_grad_()
+    flat = reference.reshape(-1, 11)
+    expected = F.cross_entropy(flat, target.reshape(-1), ignore_index=PAD, label_smoothing=eps, reduction="sum")
+    (expected * 0.37).backward()
+    expected_nll = F.cross_entropy(flat.detach(), target.reshape(-1), ignore_index=PAD, reduction="sum")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-6) and not nll.requires_grad
+    torch.testing.assert_close(logits.grad, reference.grad, rtol=1e-5, atol=1e-7)
+    assert logits.grad[1, 3:].abs().max() == 0 and logits.grad[2, 0].abs().max() == 0  # padding gets nothing
+
+
+def test_label_smoothed_loss_gradient_keeps_the_logits_dtype():
+    logits = torch.randn(2, 3, 7).bfloat16().requires_grad_()
+    loss, _ = label_smoothed_loss(logits, torch.tensor([[4, 5, 6], [4, PAD, PAD]]), 0.1)
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16 and torch.isfinite(logits.grad.float()).all()
 
 
 def test_batches_respect_budget_and_cover_each_sentence_once():
