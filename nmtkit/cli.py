@@ -50,6 +50,9 @@ def _main(
 ) -> None:
     _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
     _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
+    from nmtkit.allocator import keep_freed_memory
+
+    keep_freed_memory()  # before the first large tensor: see allocator.py
 
 
 def _console():
