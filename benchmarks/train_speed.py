@@ -8,11 +8,19 @@ recipes/quickstart.yaml). The trainer logs target tokens/s (EOS included, paddin
 the first ``--warmup-windows``. Peak RSS is the training process's own. MFU = model FLOP/s
 (see common.transformer_flops, x3 for forward + backward) / the measured matmul peak.
 
+``--peers joeynmt`` also trains JoeyNMT (float32, CPU) on the same text, SentencePiece model,
+architecture, batch size and optimiser for the same number of updates, in the Python of
+``--peer-python`` (a virtual environment where it is installed), and reports the median of
+its own "Tokens per Sec" log lines (target tokens, padding excluded: the same count as
+ours) after the same warm-up, so the ratio comes out of one run. (fairseq 0.12 and
+OpenNMT-py 3.5 do not import on Python 3.11 with torch >= 2.3; see RESULTS.md.)
+
     python benchmarks/train_speed.py --model WORKDIR/train/best --data WORKDIR/prepared
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -81,10 +89,84 @@ def run_dtype(args, dtype: str, recipe: Path, meta: dict) -> dict:
         result = steady_state(scratch / "train" / "metrics.jsonl", args.warmup_windows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"dtype": dtype, "steps": args.steps, "max_tokens": cfg["train"].get("max_tokens", 4096),
+    return {"toolkit": "nmtkit", "dtype": dtype, "steps": args.steps,
+            "max_tokens": cfg["train"].get("max_tokens", 4096),
             "threads": args.threads, **result, "peak_rss_mib": done["peak_rss_mib"], "wall_s": done["wall_s"],
             "load_before": load_before, "load_after": common.load_average(),
             "command": " ".join(argv[1:]) + f"  (recipe: {recipe} + model of {args.model})"}
+
+
+# JoeyNMT 2.3 restricts SentencePiece to its vocabulary with SetVocabulary, which
+# sentencepiece >= 0.2.1 no longer has; our vocabulary file is the model's whole piece list,
+# so the restriction changes nothing and the shim makes it a no-op.
+JOEYNMT_MAIN = ("import sys, sentencepiece\n"
+                "if not hasattr(sentencepiece.SentencePieceProcessor, 'SetVocabulary'):\n"
+                "    sentencepiece.SentencePieceProcessor.SetVocabulary = lambda self, pieces: None\n"
+                "from joeynmt.__main__ import main\n"
+                "sys.argv[0] = 'joeynmt'\n"
+                "main()\n")
+
+
+def joeynmt_config(meta: dict, recipe: dict, data: Path, workdir: Path, args) -> dict:
+    """A JoeyNMT 2.x config with our model's dimensions and our recipe's training settings."""
+    m, train = meta["model"], recipe.get("train", {})
+    spm = {"model_file": str((Path(args.model) / meta["spm"]["src"]).resolve())}
+    side = lambda lang: {"lang": lang, "level": "bpe", "lowercase": False, "max_length": 250,  # noqa: E731
+                         "voc_file": str(workdir / "vocab.txt"), "tokenizer_type": "sentencepiece",
+                         "tokenizer_cfg": spm}
+    stack = lambda layers: {"type": "transformer", "num_layers": layers, "num_heads": m["heads"],  # noqa: E731
+                            "embeddings": {"embedding_dim": m["d_model"], "scale": True},
+                            "hidden_size": m["d_model"], "ff_size": m["ffn_dim"], "dropout": m.get("dropout", 0.1),
+                            "layer_norm": "pre" if m.get("pre_norm") else "post"}
+    return {
+        "name": "nmtkit-bench", "joeynmt_version": "2.3.0", "model_dir": str(workdir / "model"), "use_cuda": False,
+        "data": {"train": str(data / "train"), "dev": str(data / "dev"), "dataset_type": "plain",
+                 "src": side(meta["src_lang"]), "trg": side(meta["tgt_lang"])},
+        "training": {"optimizer": "adam", "adam_betas": [0.9, 0.98], "learning_rate": float(train.get("lr", 7e-4)),
+                     "scheduling": "warmupinversesquareroot", "learning_rate_warmup": int(train.get("warmup", 4000)),
+                     "label_smoothing": float(train.get("label_smoothing", 0.1)), "loss": "crossentropy",
+                     "batch_size": int(args.max_tokens or train.get("max_tokens", 4096)), "batch_type": "token",
+                     "updates": args.steps, "epochs": 100, "logging_freq": args.log_every,
+                     "validation_freq": 10 ** 8, "keep_best_ckpts": 0, "shuffle": True, "overwrite": True,
+                     "random_seed": 1, "num_workers": 0, "fp16": False},
+        "testing": {"beam_size": 4, "beam_alpha": 0.6, "batch_size": 2048, "batch_type": "token",
+                    "eval_metrics": ["bleu"]},  # required by its config parser; --skip-test runs none
+        "model": {"initializer": "xavier_uniform", "embed_initializer": "xavier_uniform", "bias_initializer": "zeros",
+                  "tied_embeddings": meta["spm"]["src"] == meta["spm"]["tgt"], "tied_softmax": True,
+                  "encoder": stack(m["encoder_layers"]), "decoder": stack(m["decoder_layers"])},
+    }
+
+
+def run_joeynmt(args, recipe: Path, meta: dict) -> dict:
+    """JoeyNMT on the same data and settings; its steady-state target tokens/s and peak RSS."""
+    import sentencepiece
+    import yaml
+
+    scratch = Path(tempfile.mkdtemp(prefix="nmtkit-bench-joey-"))
+    try:
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(Path(args.model) / meta["spm"]["src"]))
+        (scratch / "vocab.txt").write_text("".join(sp.id_to_piece(i) + "\n" for i in range(sp.vocab_size())),
+                                           encoding="utf-8")
+        cfg = joeynmt_config(meta, yaml.safe_load(recipe.read_text(encoding="utf-8")) or {},
+                             Path(args.data).resolve(), scratch, args)
+        (scratch / "joey.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+        argv = [args.peer_python, "-c", JOEYNMT_MAIN, "train", str(scratch / "joey.yaml"), "--skip-test"]
+        load_before = common.load_average()
+        done = common.run_child(argv, threads=args.threads, timeout=3600.0)
+        log = done["stdout"] + done["stderr"]
+        if done["returncode"] != 0:
+            raise RuntimeError(f"joeynmt train failed:\n{log[-3000:]}")
+        rates = [float(x) for x in re.findall(r"Tokens per Sec:\s*([0-9.]+)", log)]
+        if not rates:
+            raise RuntimeError(f"no throughput in JoeyNMT's log:\n{log[-3000:]}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    kept = rates[args.warmup_windows:] or rates[-1:]
+    return {"toolkit": "joeynmt", "dtype": "float32", "steps": args.steps, "max_tokens": cfg["training"]["batch_size"],
+            "threads": args.threads, "windows_tok_s": rates, "tgt_tok_s": round(statistics.median(kept), 1),
+            "tgt_tok_s_min": min(kept), "tgt_tok_s_max": max(kept), "peak_rss_mib": done["peak_rss_mib"],
+            "wall_s": done["wall_s"], "load_before": load_before, "load_after": common.load_average(),
+            "command": f"joeynmt train joey.yaml --skip-test (JoeyNMT {args.peer_python})"}
 
 
 def main(argv=None) -> list[dict]:
@@ -95,6 +177,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--log-every", type=int, default=5, help="updates per throughput window")
     parser.add_argument("--warmup-windows", type=int, default=2, help="windows left out as warm-up")
     parser.add_argument("--max-tokens", type=int, default=0, help="override train.max_tokens (0: the recipe's)")
+    parser.add_argument("--peers", default="", help="peer toolkits to train the same way: joeynmt")
+    parser.add_argument("--peer-python", default=sys.executable, help="the Python where the peers are installed")
     args = parser.parse_args(argv)
     data = Path(args.data)
     meta = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
@@ -105,21 +189,30 @@ def main(argv=None) -> list[dict]:
     vocab = sentencepiece.SentencePieceProcessor(model_file=str(Path(args.model) / meta["spm"]["tgt"])).vocab_size()
     flops = common.transformer_flops(meta["model"], vocab, src_len, tgt_len)
     records = []
-    for dtype in args.dtypes.split(","):
+    runs = [("nmtkit", dtype) for dtype in filter(None, args.dtypes.split(","))]
+    runs += [(peer, "float32") for peer in filter(None, args.peers.split(","))]
+    unknown = [toolkit for toolkit, _ in runs if toolkit not in ("nmtkit", "joeynmt")]
+    if unknown:  # before anything runs
+        raise SystemExit(f"unknown peer {unknown[0]!r} (known: joeynmt)")
+    for toolkit, dtype in runs:
         peak = common.matmul_peak(dtype, args.threads)
-        record = run_dtype(args, dtype, recipe, meta)
+        record = run_dtype(args, dtype, recipe, meta) if toolkit == "nmtkit" else run_joeynmt(args, recipe, meta)
         achieved = record["tgt_tok_s"] * flops["train_per_tgt_token"] / 1e9
         record.update(matmul_peak_gflops=peak["gflops"], matmul_peak=peak, model_gflops=round(achieved, 1),
                       mfu_pct=round(100 * achieved / peak["gflops"], 1),
                       train_mflop_per_tgt_token=round(flops["train_per_tgt_token"] / 1e6, 1))
         records.append(record)
         print(json.dumps({k: v for k, v in record.items() if k != "windows_tok_s"}), file=sys.stderr)
+    for record in records:  # nmtkit's speed over the fastest peer's, same dtype
+        peers = [r["tgt_tok_s"] for r in records if r["toolkit"] != "nmtkit" and r["dtype"] == record["dtype"]]
+        if record["toolkit"] == "nmtkit" and peers:
+            record["x_peer"] = round(record["tgt_tok_s"] / max(peers), 2)
     common.write_results(Path(args.out), "train_speed", records, [
-        ("dtype", "dtype"), ("tgt_tok_s", "train tgt tok/s (median)"), ("tgt_tok_s_min", "min"),
+        ("toolkit", "toolkit"), ("dtype", "dtype"), ("tgt_tok_s", "train tgt tok/s (median)"), ("tgt_tok_s_min", "min"),
         ("tgt_tok_s_max", "max"), ("peak_rss_mib", "peak RSS MiB"), ("train_mflop_per_tgt_token", "MFLOP/tok"),
         ("model_gflops", "model GFLOP/s"), ("matmul_peak_gflops", "matmul peak GFLOP/s"), ("mfu_pct", "MFU %"),
-        ("threads", "threads"), ("load_before", "load before")],
-        "Training throughput (nmtkit train, steady state)",
+        ("x_peer", "x fastest peer"), ("threads", "threads"), ("load_before", "load before")],
+        "Training throughput (steady state)",
         [f"Model {args.model}; data {args.data}; mean lengths src {src_len:.1f} / tgt {tgt_len:.1f} pieces.",
          f"{args.steps} updates per dtype, windows of {args.log_every}, the first {args.warmup_windows} left out."])
     return records

@@ -67,3 +67,39 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         payload = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
         assert payload["records"] and payload["machine"]["cores"] >= 1
         assert (tmp_path / f"{name}.md").read_text(encoding="utf-8").startswith("## ")
+
+
+def test_joeynmt_peer_gets_our_dimensions_and_training_settings(tmp_path):
+    """The peer must train the same model the same way, or its ratio means nothing."""
+    import argparse
+
+    import train_speed
+
+    meta = {"model": {"d_model": 256, "ffn_dim": 1024, "heads": 4, "encoder_layers": 3, "decoder_layers": 2,
+                      "dropout": 0.1, "pre_norm": False},
+            "spm": {"src": "spm.model", "tgt": "spm.model"}, "src_lang": "en", "tgt_lang": "es"}
+    recipe = {"train": {"lr": 0.0007, "warmup": 4000, "label_smoothing": 0.1, "max_tokens": 2048}}
+    args = argparse.Namespace(model=str(tmp_path / "model"), max_tokens=4096, steps=30, log_every=5)
+    cfg = train_speed.joeynmt_config(meta, recipe, tmp_path / "prepared", tmp_path, args)
+    enc, dec = cfg["model"]["encoder"], cfg["model"]["decoder"]
+    assert (enc["num_layers"], dec["num_layers"]) == (3, 2)
+    for stack in (enc, dec):
+        assert (stack["hidden_size"], stack["ff_size"], stack["num_heads"]) == (256, 1024, 4)
+        assert stack["embeddings"] == {"embedding_dim": 256, "scale": True} and stack["layer_norm"] == "post"
+    assert cfg["model"]["tied_embeddings"] and cfg["model"]["tied_softmax"]
+    train = cfg["training"]
+    assert (train["batch_size"], train["batch_type"], train["updates"]) == (4096, "token", 30)  # --max-tokens wins
+    assert (train["learning_rate"], train["learning_rate_warmup"], train["label_smoothing"]) == (0.0007, 4000, 0.1)
+    assert train["adam_betas"] == [0.9, 0.98] and train["logging_freq"] == 5
+    assert cfg["data"]["train"] == str(tmp_path / "prepared" / "train")
+    assert cfg["data"]["src"]["lang"] == "en" and cfg["data"]["trg"]["lang"] == "es"
+    assert cfg["data"]["src"]["tokenizer_cfg"]["model_file"] == str((tmp_path / "model" / "spm.model").resolve())
+
+
+def test_unknown_peer_is_a_clear_error(trained, tmp_path):
+    import train_speed
+
+    model, data = trained
+    with pytest.raises(SystemExit, match="unknown peer 'fairseq'"):
+        train_speed.main(["--model", str(model), "--data", str(data), "--out", str(tmp_path), "--threads", "1",
+                          "--dtypes", "", "--peers", "fairseq", "--recipe", str(data.parent / "recipe.yaml")])
