@@ -111,13 +111,16 @@ def joeynmt_config(meta: dict, recipe: dict, data: Path, workdir: Path, args) ->
     """A JoeyNMT 2.x config with our model's dimensions and our recipe's training settings."""
     m, train = meta["model"], recipe.get("train", {})
     spm = {"model_file": str((Path(args.model) / meta["spm"]["src"]).resolve())}
-    side = lambda lang: {"lang": lang, "level": "bpe", "lowercase": False, "max_length": 250,  # noqa: E731
-                         "voc_file": str(workdir / "vocab.txt"), "tokenizer_type": "sentencepiece",
-                         "tokenizer_cfg": spm}
-    stack = lambda layers: {"type": "transformer", "num_layers": layers, "num_heads": m["heads"],  # noqa: E731
-                            "embeddings": {"embedding_dim": m["d_model"], "scale": True},
-                            "hidden_size": m["d_model"], "ff_size": m["ffn_dim"], "dropout": m.get("dropout", 0.1),
-                            "layer_norm": "pre" if m.get("pre_norm") else "post"}
+
+    def side(lang: str) -> dict:
+        return {"lang": lang, "level": "bpe", "lowercase": False, "max_length": 250,
+                "voc_file": str(workdir / "vocab.txt"), "tokenizer_type": "sentencepiece", "tokenizer_cfg": spm}
+
+    def stack(layers: int) -> dict:
+        return {"type": "transformer", "num_layers": layers, "num_heads": m["heads"], "hidden_size": m["d_model"],
+                "embeddings": {"embedding_dim": m["d_model"], "scale": True}, "ff_size": m["ffn_dim"],
+                "dropout": m.get("dropout", 0.1), "layer_norm": "pre" if m.get("pre_norm") else "post"}
+
     return {
         "name": "nmtkit-bench", "joeynmt_version": "2.3.0", "model_dir": str(workdir / "model"), "use_cuda": False,
         "data": {"train": str(data / "train"), "dev": str(data / "dev"), "dataset_type": "plain",
