@@ -5,8 +5,10 @@ unmaps it on free. A training step allocates and frees the same large tensors ev
 ([tokens, vocabulary] logits and their gradient are ~130 MB at 4k-token batches), so each
 step paid for hundreds of thousands of page faults: 12% of the CPU time of a quickstart run
 went to the kernel. Serving large blocks from the heap and never trimming it made CPU
-training 23% faster for 3% more peak memory (benchmarks/RESULTS.md). The CLI calls this
-once at start; as a library, nmtkit leaves the allocator of its host program alone.
+training ~20% faster; peak memory grew 8% for the Transformer quickstart and doubled for the
+LSTM one, whose varied tensor sizes fragment the heap (benchmarks/RESULTS.md). The CLI calls
+this once at start (``NMTKIT_MALLOC=system`` opts out); as a library, nmtkit leaves the
+allocator of its host program alone.
 """
 from __future__ import annotations
 
