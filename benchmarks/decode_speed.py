@@ -286,7 +286,8 @@ def main(argv=None) -> list[dict]:
             forced_len = round(sum(pieces) / len(pieces))
         if forced_len:
             runs += [(c, forced_len) for c in parse_configs(args.forced_configs)]
-        ct2_dir = export_for_ct2(args.model, scratch) if any(c[0].startswith("ct2") for c, _ in runs) and available("ct2") else None
+        needs_export = any(c[0].startswith("ct2") for c, _ in runs) and available("ct2")
+        ct2_dir = export_for_ct2(args.model, scratch) if needs_export else None
         for (engine, dtype, beam), forced in runs:
             if not available(engine):
                 print(f"skipping {engine}: not installed", file=sys.stderr)
