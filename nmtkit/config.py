@@ -95,7 +95,8 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no epoch limit
     max_minutes: float = 0.0  # wall-clock budget (0: none); stops at the next step boundary
-    schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    # noam (the paper) | inverse_sqrt | constant | cosine / linear (warm-up, then decay to 0 at max_steps)
+    schedule: Literal["noam", "inverse_sqrt", "constant", "cosine", "linear"] = "noam"
     lr: float = 1.0  # noam: multiplier of d_model^-0.5 ...; inverse_sqrt/constant: peak lr
     warmup: int = 4000
     betas: tuple = (0.9, 0.98)

@@ -36,6 +36,18 @@ def test_inverse_sqrt_schedule_values():
     assert learning_rate(400, cfg, 512) == pytest.approx(5e-4)
 
 
+@pytest.mark.parametrize("schedule, halfway", [("cosine", 0.5e-3), ("linear", 0.5e-3)])
+def test_decaying_schedules_warm_up_then_reach_zero_at_max_steps(schedule, halfway):
+    cfg = TrainConfig(schedule=schedule, lr=1e-3, warmup=100, max_steps=1100)
+    assert learning_rate(50, cfg, 512) == pytest.approx(5e-4)  # the same linear warm-up
+    assert learning_rate(100, cfg, 512) == pytest.approx(1e-3)  # the peak
+    assert learning_rate(600, cfg, 512) == pytest.approx(halfway)  # half way through the decay
+    assert learning_rate(1100, cfg, 512) == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate(5000, cfg, 512) == pytest.approx(0.0, abs=1e-12)  # past max_steps: stays at 0
+    quarter = learning_rate(350, cfg, 512) / 1e-3
+    assert quarter == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)) if schedule == "cosine" else 0.75)
+
+
 def test_label_smoothed_loss_matches_hand_computation():
     logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 0.4]]])  # (1, 2, V=4)
     target = torch.tensor([[2, PAD]])  # the second position is padding and must not count
