@@ -157,6 +157,23 @@ def run(recipe: Path = RecipeArg, overrides: Optional[List[str]] = OverridesArg)
 
 
 @app.command()
+def sweep(
+    sweep_file: Path = typer.Argument(..., help="YAML sweep file: a base recipe and its variants (see recipes/sweeps/).",
+                                      show_default=False),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this variant (repeat for several).",
+                                             show_default=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the variants with their parameter counts; run nothing."),
+) -> None:
+    """Run every variant of a recipe (each as `nmtkit run`) and tabulate them with significance tests."""
+    from nmtkit.sweep.spec import load_sweep
+
+    plan = load_sweep(sweep_file)
+    from nmtkit.sweep.runner import run_sweep
+
+    run_sweep(plan, _console(), only=only, dry_run=dry_run, debug=_state["debug"])
+
+
+@app.command()
 def average(
     run_dir: Path = typer.Argument(..., help="Training run directory (holds checkpoints/)."),
     last: int = typer.Option(5, "--last", min=1, help="Average the last N checkpoints."),
@@ -171,17 +188,21 @@ def average(
 
 @app.command()
 def plot(
-    run_dirs: List[Path] = typer.Argument(..., help="Training run directories (WORKDIR/train); several are overlaid.",
-                                          show_default=False),
+    run_dirs: List[Path] = typer.Argument(..., help="Training run directories (WORKDIR/train), several overlaid, "
+                                          "or a sweep directory (all its variants).", show_default=False),
     output: Path = typer.Option(Path("curves.png"), "-o", "--output", help="Image to write; its suffix picks the format (png, pdf, svg)."),
     x: str = typer.Option("step", "--x", help="x axis: step (updates) or time (training wall time)."),
     size: str = typer.Option("1200x800", "--size", help="Image size in pixels, WIDTHxHEIGHT."),
 ) -> None:
     """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs."""
+    from nmtkit.sweep.spec import sweep_runs
     from nmtkit.viz.curves import plot_curves
     from nmtkit.viz.figure import parse_size
 
-    _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size))}")
+    labels = None
+    if len(run_dirs) == 1 and (runs := sweep_runs(run_dirs[0])) is not None:
+        labels, run_dirs = [name for name, _ in runs], [path for _, path in runs]
+    _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size), labels=labels)}")
 
 
 @app.command()

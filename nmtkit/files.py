@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from nmtkit.errors import DataError
+from nmtkit.errors import DataError, NmtkitError
 
 UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) ...
 os.umask(UMASK)  # ... and put it back
@@ -37,6 +37,23 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
         if isinstance(err, OSError) and err.filename is None:  # a failed write (a full disk): name the file
             raise OSError(err.errno, err.strerror, str(path)) from err
         raise
+
+
+@contextlib.contextmanager
+def exclusive(directory: Path, holder: str) -> Iterator[None]:
+    """Hold a lock on ``directory`` (its ``.lock`` file) or fail at once: two processes writing
+    the same files would corrupt them. ``holder`` names the other user in the error."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no locking
+        yield
+        return
+    with open(Path(directory) / ".lock", "a") as handle:  # "a": taking the lock leaves the file untouched
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise NmtkitError(f"{directory} is in use by {holder}; wait for it to finish") from None
+        yield
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

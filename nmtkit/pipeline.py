@@ -40,7 +40,8 @@ def choose_model(cfg: Config, run_dir: Path, console) -> Path:
 
 
 def translate_split(cfg: Config, model_dir: Path, split: str, out_dir: Path, console) -> tuple[list[str], float]:
-    """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp)."""
+    """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp, which
+    keeps the time the translation took, so a cached split still reports its decoding speed)."""
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
     from nmtkit.models.store import load_model_dir
 
@@ -52,18 +53,28 @@ def translate_split(cfg: Config, model_dir: Path, split: str, out_dir: Path, con
     meta = json.loads((model_dir / "config.json").read_text())
     stamp = _stamp(meta["weights_sha256"], dataclasses.asdict(options), len(sources))
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
-    if hyp_path.is_file() and stamp_path.is_file() and stamp_path.read_text() == stamp:
+    done = _read_stamp(stamp_path)
+    if hyp_path.is_file() and done.get("stamp") == stamp:
         console.info(f"{split}: translations up to date ({hyp_path})")
-        return read_lines(hyp_path), 0.0
+        return read_lines(hyp_path), done.get("seconds", 0.0)
     loaded = load_model_dir(model_dir, device=options.device if options.device != "auto" else "cpu")
     start = time.perf_counter()
     hyps = translate_lines([loaded], sources, options)
     seconds = time.perf_counter() - start
     atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
-    atomic_write_text(stamp_path, stamp)
+    atomic_write_text(stamp_path, json.dumps({"stamp": stamp, "seconds": round(seconds, 3)}) + "\n")
     console.info(f"{split}: translated {len(sources)} sentences in {seconds:.1f}s "
                  f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {d.beam_size})")
     return hyps, seconds
+
+
+def _read_stamp(path: Path) -> dict:
+    """What a translation was made from and how long it took ({} when missing or from an older version)."""
+    try:
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
 
 
 def run_recipe(cfg: Config, console) -> dict:
@@ -87,7 +98,7 @@ def run_recipe(cfg: Config, console) -> dict:
         hyps, seconds = translate_split(cfg, model_dir, split, out_dir, console)
         refs = read_lines(prepared / f"{split}.{cfg.data.tgt_lang}")
         scores = corpus_scores(hyps, [refs])
-        results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 1),
+        results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 3),
                                     **{m: {"score": round(s["score"], 2), "signature": s["signature"]}
                                        for m, s in scores.items()}}
     console.rule("[bold]4/4 results")

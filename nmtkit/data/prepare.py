@@ -39,7 +39,7 @@ from nmtkit.data.clean import RULES, TextFilter, length_filter
 from nmtkit.data.sources import Pair, fingerprint, read_corpus
 from nmtkit.data.vocab import Vocab, spm_files, train_spm
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.files import atomic_open, atomic_write_text, sha256_file
+from nmtkit.files import atomic_open, atomic_write_text, exclusive, sha256_file
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
 SPLITS = ("train", "dev", "test")
@@ -58,7 +58,7 @@ def prepare(cfg: Config, console) -> dict:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}; they must differ")
     out = prepared_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
+    with exclusive(out, "another `nmtkit prepare`"):
         _remove_leftovers(out)
         _save_config(cfg)
         status = {}
@@ -108,22 +108,6 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-@contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """Hold a lock on the prepared dir: two prepares writing the same files would corrupt them."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no locking
-        yield
-        return
-    with open(out / ".lock", "a") as handle:  # "a": taking the lock leaves the file untouched
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise NmtkitError(f"{out} is in use by another `nmtkit prepare`; wait for it to finish") from None
-        yield
 
 
 def _remove_leftovers(out: Path) -> None:

@@ -31,3 +31,14 @@ def parameter_table(model: Seq2Seq) -> dict[str, int]:
         counts[part] += param.numel()
     counts["total"] = sum(counts.values())
     return counts
+
+
+def parameter_counts(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> dict[str, int]:
+    """Total and active-per-token parameters of the model ``cfg`` describes, counted on the meta
+    device (no memory, milliseconds even for a big model). A model that routes tokens to some
+    of its weights reports ``active`` in its parameter table; in a dense one every weight is active."""
+    import torch
+
+    with torch.device("meta"):
+        table = parameter_table(build_model(cfg, src_vocab_size, tgt_vocab_size))
+    return {"total": table["total"], "active": table.get("active", table["total"])}

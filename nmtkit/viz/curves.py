@@ -87,13 +87,14 @@ def _time_unit(max_seconds: float) -> tuple[float, str]:
 
 
 def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step",
-                size: tuple[int, int] = (1200, 800)) -> Path:
-    """Draw the four panels for every run into ``out`` (format from its suffix)."""
+                size: tuple[int, int] = (1200, 800), labels: Sequence[str] | None = None) -> Path:
+    """Draw the four panels for every run into ``out`` (format from its suffix); the legend
+    names each run by ``labels`` or, without them, by its directory."""
     if x not in X_AXES:
         raise ConfigError(f"--x {x!r}: expected one of {', '.join(X_AXES)}")
     if not run_dirs:
         raise ConfigError("no run directory given")
-    runs = [(label, read_metrics(d)) for label, d in zip(run_labels(run_dirs), run_dirs)]
+    runs = [(label, read_metrics(d)) for label, d in zip(labels or run_labels(run_dirs), run_dirs)]
     curves = [[series(records, kind, field, x) for kind, field, _ in PANELS] for _, records in runs]
     longest = max((max(xs) for run in curves for xs, _ in run if xs), default=0.0)
     scale, unit = (1.0, "update steps") if x == "step" else _time_unit(longest)

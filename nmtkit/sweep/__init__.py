@@ -1,0 +1,6 @@
+"""``nmtkit sweep``: many variants of one recipe, run one at a time, tabulated with significance.
+
+    spec.py       the sweep file: base recipe, named variants, grids; every config built up front
+    runner.py     each variant as a child `nmtkit run`, shared prepares, skip and resume, --dry-run
+    results.py    results.json / results.md: scores, speed, size, memory, p-values against the baseline
+"""

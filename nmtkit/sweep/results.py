@@ -1,0 +1,148 @@
+"""A sweep's results: one row per variant from its work directory, with a paired-bootstrap
+p-value of its test BLEU against the baseline (the first variant), as results.json and results.md.
+
+Everything is read back from what ``nmtkit run`` left in each variant's directory
+(results/results.json, results/test.hyp, train/metrics.jsonl) and the sweep's own record
+(peak RSS), so the table can be rebuilt at any time, also from a sweep that was stopped.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from nmtkit.errors import DataError
+from nmtkit.files import atomic_write_text, read_lines
+from nmtkit.scoring.significance import DEFAULT_SEED
+from nmtkit.sweep.runner import read_record, variant_status
+from nmtkit.sweep.spec import Sweep, Variant
+
+RESAMPLES = 1000
+# (row key, markdown header, format)
+COLUMNS = (("test_bleu", "test BLEU", ".2f"), ("p_value", "p", ".3f"), ("test_chrf", "chrF", ".2f"),
+           ("test_ter", "TER", ".2f"), ("dev_bleu", "dev BLEU", ".2f"), ("dev_loss", "dev loss", ".3f"),
+           ("parameters", "params", ","), ("active_parameters", "active", ","), ("train_tok_s", "train tok/s", ",.0f"),
+           ("train_minutes", "train min", ".1f"), ("decode_sent_s", "decode sent/s", ".1f"),
+           ("peak_rss_mib", "peak RSS MiB", ",.0f"))
+
+
+def write_results(sweep: Sweep, counts: dict[str, dict]) -> dict:
+    """Collect every variant, write SWEEP_DIR/results.json and results.md atomically, return the dict."""
+    rows = [variant_row(sweep, variant, counts[variant.name]) for variant in sweep.variants]
+    _add_p_values(sweep, rows)
+    results = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
+               "overrides": list(sweep.shared_overrides), "baseline": sweep.baseline.name,
+               "significance": {"test": "paired bootstrap", "metric": "test BLEU", "against": sweep.baseline.name,
+                                "resamples": RESAMPLES, "seed": DEFAULT_SEED},
+               "bleu_signature": next((row["bleu_signature"] for row in rows if row.get("bleu_signature")), None),
+               "variants": rows}
+    atomic_write_text(sweep.workdir / "results.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(sweep.workdir / "results.md", results_markdown(results))
+    return results
+
+
+def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
+    """One variant's figures (None where it has not got that far)."""
+    directory = sweep.variant_dir(variant.name)
+    status = variant_status(sweep, variant)
+    record = read_record(directory)
+    row: dict[str, Any] = {"name": variant.name, "settings": variant.settings(sweep.recipe), "status": status,
+                           "parameters": counts["total"], "active_parameters": counts["active"]}
+    row.update(dict.fromkeys(key for key, _, _ in COLUMNS if key not in row))
+    if status == "failed":
+        row["error"] = record.get("error")
+    if status != "done":
+        return row
+    results = json.loads((directory / "results" / "results.json").read_text(encoding="utf-8"))
+    test, dev = results["splits"]["test"], results["splits"]["dev"]
+    row.update(test_bleu=test["bleu"]["score"], test_chrf=test["chrf"]["score"], test_ter=test["ter"]["score"],
+               dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
+               decode_sent_s=round(test["sentences"] / test["translate_seconds"], 1) if test["translate_seconds"] else None,
+               peak_rss_mib=record.get("peak_rss_mib"), bleu_signature=test["bleu"]["signature"])
+    row.update(_training_figures(directory / "train"))
+    return row
+
+
+def _training_figures(run_dir: Path) -> dict:
+    """Final dev loss and median training speed (target tokens/s over the logged windows)."""
+    from nmtkit.viz.curves import read_metrics
+
+    try:
+        records = read_metrics(run_dir)
+    except DataError:
+        return {}
+    valid = [r["dev_loss"] for r in records if r.get("type") == "valid" and "dev_loss" in r]
+    speeds = [r["tgt_tok_s"] for r in records if r.get("type") == "train" and "tgt_tok_s" in r]
+    return {"dev_loss": valid[-1] if valid else None,
+            "train_tok_s": round(statistics.median(speeds), 1) if speeds else None}
+
+
+def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
+    """Each finished variant's test BLEU against the baseline's, on the same test references."""
+    from nmtkit.scoring.significance import paired_test
+
+    base_row, base_dir = rows[0], sweep.variant_dir(sweep.baseline.name)
+    if base_row["status"] != "done":
+        return
+    tgt = sweep.baseline.config.data.tgt_lang
+    refs = read_lines(base_dir / "prepared" / f"test.{tgt}")
+    base_hyps = read_lines(base_dir / "results" / "test.hyp")
+    for row, variant in zip(rows[1:], sweep.variants[1:]):
+        directory = sweep.variant_dir(variant.name)
+        if row["status"] != "done":
+            continue
+        if read_lines(directory / "prepared" / f"test.{variant.config.data.tgt_lang}") != refs:
+            row["p_value_note"] = "other test references than the baseline's: no p-value"
+            continue
+        result = paired_test(read_lines(directory / "results" / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
+                             test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED)
+        row["p_value"] = round(result["bleu"].p_value, 4)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def results_markdown(results: dict) -> str:
+    headers = ["variant", *(header for _, header, _ in COLUMNS), "settings"]
+    lines = [f"# Sweep {results['sweep']}", "",
+             f"Base recipe `{results['recipe']}`" + (f" with `{' '.join(results['overrides'])}`"
+                                                    if results["overrides"] else "") +
+             f"; sweep file `{results['sweep_file']}`.", "",
+             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in results["variants"]:
+        name = row["name"] if row["status"] == "done" else f"{row['name']} ({row['status']})"
+        cells = [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
+        settings = " ".join(f"`{item}`" for item in row["settings"]) or "(the recipe)"
+        lines.append("| " + " | ".join([name, *cells, settings]) + " |")
+    done = [row for row in results["variants"] if row["status"] == "done" and row.get("dev_bleu") is not None]
+    significance = results["significance"]
+    lines += ["", f"- p: {significance['test']} ({significance['resamples']} resamples, seed {significance['seed']}) "
+                  f"of each variant's test BLEU against `{results['baseline']}`, the first variant.",
+              "- train tok/s: median of the logged windows (target tokens); decode sent/s: the test set with the "
+              "recipe's beam; peak RSS: the largest over the variant's `nmtkit run` sessions."]
+    if done:
+        best = max(done, key=lambda row: row["dev_bleu"])
+        lines.append(f"- best dev BLEU: `{best['name']}` ({best['dev_bleu']:.2f}); choose on dev, report test once.")
+    if results.get("bleu_signature"):
+        lines.append(f"- BLEU signature: `{results['bleu_signature']}`")
+    failed = [row for row in results["variants"] if row.get("error")]
+    lines += [f"- `{row['name']}` failed: {row['error']}" for row in failed]
+    return "\n".join(lines) + "\n"
+
+
+def print_results(console, results: dict) -> None:
+    """The main columns as a table on the console (results.md has them all)."""
+    from rich.table import Table
+
+    shown = ("test_bleu", "p_value", "dev_bleu", "dev_loss", "parameters", "train_minutes")
+    table = Table(title=f"sweep {results['sweep']}: results ({results['sweep_file']})", title_justify="left")
+    table.add_column("variant")
+    for key, header, _ in COLUMNS:
+        if key in shown:
+            table.add_column(header, justify="right")
+    for row in results["variants"]:
+        name = row["name"] if row["status"] == "done" else f"{row['name']} ({row['status']})"
+        table.add_row(name, *(_cell(row.get(key), fmt) for key, _, fmt in COLUMNS if key in shown))
+    console.print(table)

@@ -1,0 +1,215 @@
+"""``nmtkit sweep``: every variant of a sweep file through ``nmtkit run``, one at a time.
+
+    SWEEP_DIR/                        the sweep file's ``workdir`` (default data/sweeps/<stem>)
+      sweep.json                      the variants in order, their settings and parameter counts
+      prepared/<data key>/            one ``prepare`` per distinct data + vocab settings
+      variants/<name>/                a work directory as ``nmtkit run`` fills it, whose
+        prepared -> ../../prepared/<data key>   prepared/ is the shared one (a relative link)
+        run.log                       the variant's own output, appended by every session
+        sweep-run.json                status, config digest, peak RSS of its sessions
+      results.json, results.md        every variant side by side (rewritten after each one)
+
+Each variant runs as a child ``nmtkit run`` process, so its peak RSS is its own and a crash
+stays inside it. Every step of ``nmtkit run`` is cached or resumable, so a killed sweep
+started again skips finished variants and resumes the interrupted one from its last
+checkpoint. The child is told to stop (SIGTERM: checkpoint, then exit) if the sweep dies.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from nmtkit.errors import ConfigError, NmtkitError
+from nmtkit.files import atomic_write_text, exclusive
+from nmtkit.sweep.spec import Sweep, Variant, run_command
+
+RECORD = "sweep-run.json"
+STOPPED_CODES = (130, 143)  # the child was interrupted (SIGINT / SIGTERM) and saved a checkpoint
+
+try:  # loaded here, not in the forked child: the child only calls prctl, it imports nothing
+    import ctypes
+
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except (ImportError, OSError):
+    _LIBC = None
+
+
+class SweepFailed(NmtkitError):
+    """Some variants failed; the others ran and are in the results."""
+
+
+def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: bool = False,
+              debug: bool = False) -> dict:
+    """Run the selected variants (all unless ``only``), then write and print the results."""
+    from nmtkit.sweep.results import print_results, write_results
+
+    selected = sweep.select(only)
+    counts = {v.name: _counts(v) for v in sweep.variants}
+    if dry_run:
+        list_variants(sweep, counts, console)
+        return {}
+    sweep.workdir.mkdir(parents=True, exist_ok=True)
+    with exclusive(sweep.workdir, "another `nmtkit sweep`"):
+        _write_plan(sweep, counts)
+        failed = []
+        for number, variant in enumerate(selected, 1):
+            console.rule(f"[bold]{number}/{len(selected)} {variant.name}")
+            status, code = _run_variant(sweep, variant, console, debug)
+            if status == "failed":
+                failed.append(variant.name)
+            results = write_results(sweep, counts)
+            if status == "stopped":
+                console.print(f"[yellow]sweep stopped during {variant.name}; run the same command to resume[/yellow]")
+                raise SystemExit(code)
+    print_results(console, results)
+    if failed:
+        raise SweepFailed(f"{len(failed)} of {len(selected)} variants failed ({', '.join(failed)}); "
+                          f"see variants/<name>/run.log under {sweep.workdir}")
+    return results
+
+
+def _counts(variant: Variant) -> dict[str, int]:
+    from nmtkit.models.build import parameter_counts
+
+    cfg = variant.config
+    return parameter_counts(cfg.model, cfg.vocab.size, cfg.vocab.size)  # SentencePiece fills vocab.size exactly
+
+
+def read_record(variant_dir: Path) -> dict:
+    try:
+        record = json.loads((variant_dir / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def variant_status(sweep: Sweep, variant: Variant) -> str:
+    """done / failed / stopped as the last session left it, or pending (never run, or run with
+    other settings than the sweep file's now)."""
+    record = read_record(sweep.variant_dir(variant.name))
+    if record.get("config") != variant.config_key:
+        return "pending"
+    if record.get("status") == "done" and not (sweep.variant_dir(variant.name) / "results" / "results.json").is_file():
+        return "pending"
+    return record.get("status", "pending")
+
+
+def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[str, int]:
+    """Run one variant unless it finished with these settings; (its status, the child's exit code)."""
+    directory = sweep.variant_dir(variant.name)
+    if variant_status(sweep, variant) == "done":
+        console.info(f"{variant.name}: finished earlier with these settings, skipped")
+        return "done", 0
+    _link_prepared(sweep, variant)
+    arguments = run_command(sweep, variant)
+    log = directory / "run.log"
+    console.info(f"nmtkit {shlex.join(arguments)}")
+    console.info(f"log: {log}")
+    code, peak_kib = _run_child([sys.executable, "-m", "nmtkit", *(["--debug"] if debug else []), *arguments], log)
+    status = "done" if code == 0 else "stopped" if code in STOPPED_CODES else "failed"
+    old = read_record(directory)
+    same = old.get("config") == variant.config_key
+    record = {"config": variant.config_key, "status": status, "exit_code": code,
+              "sessions": (old.get("sessions", 0) if same else 0) + 1,
+              "peak_rss_mib": round(max(peak_kib / 1024, old.get("peak_rss_mib", 0) if same else 0), 1)}
+    if status == "failed":
+        record["error"] = _last_error(log)
+    atomic_write_text(directory / RECORD, json.dumps(record, indent=1) + "\n")
+    if status == "failed":
+        console.print(f"[red]{variant.name} failed[/red] (exit {code}): {record['error']}")
+    elif status == "done":
+        console.info(f"{variant.name}: done")
+    return status, code
+
+
+def _link_prepared(sweep: Sweep, variant: Variant) -> None:
+    """Point the variant's prepared/ at the shared one of its data key (relative link)."""
+    shared = sweep.workdir / "prepared" / variant.data_key
+    shared.mkdir(parents=True, exist_ok=True)
+    directory = sweep.variant_dir(variant.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    link, target = directory / "prepared", Path("..", "..", "prepared", variant.data_key)
+    if link.is_symlink():
+        if Path(os.readlink(link)) == target:
+            return
+        raise ConfigError(f"variant {variant.name}: its data or vocab settings changed since it ran "
+                          f"({link} -> {os.readlink(link)}); remove {directory} to run it again")
+    if link.exists():
+        raise ConfigError(f"{link} exists and was not made by `nmtkit sweep`; move it away")
+    link.symlink_to(target, target_is_directory=True)
+
+
+def _run_child(arguments: list[str], log: Path) -> tuple[int, int]:
+    """Run ``nmtkit ...`` with output appended to ``log``; (exit code, its peak RSS in KiB).
+    SIGINT/SIGTERM sent to the sweep are passed on, so the child saves and stops."""
+    with open(log, "a", encoding="utf-8") as handle:
+        process = subprocess.Popen(arguments, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+                                   preexec_fn=_stop_with_parent if _LIBC is not None else None)
+        def forward(signum, frame) -> None:  # the child decides: save and stop, or stop now on a repeat
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _, wait_status, usage = os.wait4(process.pid, 0)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    process.returncode = code = os.waitstatus_to_exitcode(wait_status)
+    if code < 0:  # killed by a signal: report it as a shell would
+        code = 128 - code
+    return code, usage.ru_maxrss  # KiB on Linux
+
+
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM when the sweep process dies (Linux prctl PR_SET_PDEATHSIG),
+    so a killed sweep never leaves a training running that a resumed sweep would collide with."""
+    _LIBC.prctl(1, signal.SIGTERM)
+
+
+def _last_error(log: Path) -> str:
+    """The child's one-line error (``nmtkit: error: ...``), else its last line."""
+    try:
+        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if line.startswith("nmtkit: error:")]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
+    """sweep.json: the variants in order (for `nmtkit plot SWEEP_DIR` and for people)."""
+    plan = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
+            "overrides": list(sweep.shared_overrides),
+            "variants": [{"name": v.name, "recipe": str(v.recipe), "overrides": list(v.overrides), "data_key": v.data_key,
+                          "config_key": v.config_key, "parameters": counts[v.name]} for v in sweep.variants]}
+    text = json.dumps(plan, indent=1, ensure_ascii=False) + "\n"
+    path = sweep.workdir / "sweep.json"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        atomic_write_text(path, text)
+
+
+def list_variants(sweep: Sweep, counts: dict[str, dict], console) -> None:
+    """The --dry-run listing: each variant's shared prepare, parameter counts, status and settings,
+    one unwrapped line each (settings last, so long ones never break the columns)."""
+    groups: dict[str, int] = {}
+    for variant in sweep.variants:
+        groups.setdefault(variant.data_key, len(groups) + 1)
+    shared = " ".join(sweep.shared_overrides) or "none"
+    console.print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.recipe} (shared overrides: {shared}), "
+                  f"{len(groups)} prepare(s), work directory {sweep.workdir}", soft_wrap=True)
+    width = max(len("variant"), *(len(v.name) for v in sweep.variants))
+    console.print(f"  {'variant':<{width}}  prepare  {'parameters':>12}  {'active':>12}  status   settings",
+                  soft_wrap=True)
+    for variant in sweep.variants:
+        count = counts[variant.name]
+        console.print(f"  {variant.name:<{width}}  #{groups[variant.data_key]:<6}  {count['total']:>12,}  "
+                      f"{count['active']:>12,}  {variant_status(sweep, variant):<7}  "
+                      f"{' '.join(variant.settings(sweep.recipe)) or '(the recipe)'}", soft_wrap=True, markup=False)

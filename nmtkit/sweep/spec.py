@@ -1,0 +1,274 @@
+"""Sweep files: one base recipe and named variants of it, each a set of dotted overrides.
+
+    recipe: ../quickstart.yaml          # the base recipe, relative to this file
+    workdir: data/sweeps/mine           # default: data/sweeps/<file stem>
+    overrides: {train.max_steps: 600}   # applied to every variant, before its own
+    variants:
+      - name: baseline                  # the first variant is the baseline of the p-values
+      - name: prenorm
+        overrides: {model.pre_norm: true}
+      - name: lstm                      # a variant may start from another recipe
+        recipe: ../quickstart-lstm.yaml
+      - name: lr                        # a grid: one variant per combination, named
+        grid:                           # lr,lr=0.002,warmup=100 ... (prefix, then key=value)
+          train.lr: [0.002, 0.003]
+          train.warmup: [100, 300]
+    grid: {model.dropout: [0.0, 0.2]}   # shorthand for one more grid entry without a name
+
+Overrides are a mapping of dotted keys or a list of ``key=value`` strings. Each variant's
+config is the one ``nmtkit run RECIPE key=value ...`` would build, so every variant is
+built (and validated like a recipe) before any work starts. No torch here.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nmtkit.config import Config, load_config
+from nmtkit.errors import ConfigError
+
+SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid")
+VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
+RESERVED_OVERRIDES = ("name", "workdir")  # the sweep places every variant itself
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    recipe: Path  # the sweep's base recipe unless the variant names its own
+    overrides: tuple[str, ...]  # this variant's own ``key=value`` items (the sweep's shared ones excluded)
+    config: Config
+
+    def settings(self, base_recipe: Path) -> list[str]:
+        """What sets this variant apart, for tables: its own recipe (if any) and overrides."""
+        return ([f"recipe:{self.recipe.name}"] if self.recipe != base_recipe else []) + list(self.overrides)
+
+    @property
+    def data_key(self) -> str:
+        """Variants with the same key share one ``prepare``: a digest of what prepared/ depends on."""
+        settings = self.config.to_dict()
+        vocab = {k: v for k, v in settings["vocab"].items() if k != "workers"}  # workers change speed, not output
+        text = json.dumps({"data": settings["data"], "vocab": vocab}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def config_key(self) -> str:
+        """A digest of the whole resolved config: a finished variant counts only for this config."""
+        text = json.dumps(self.config.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    path: Path
+    recipe: Path
+    workdir: Path
+    shared_overrides: tuple[str, ...]
+    variants: tuple[Variant, ...]
+
+    @property
+    def baseline(self) -> Variant:
+        return self.variants[0]
+
+    def variant_dir(self, name: str) -> Path:
+        return variant_dir(self.workdir, name)
+
+    def select(self, names: list[str] | None) -> list[Variant]:
+        """The variants named by ``--only`` (all when none), in sweep order."""
+        if not names:
+            return list(self.variants)
+        known = [v.name for v in self.variants]
+        for name in names:
+            if name not in known:
+                raise ConfigError(f"--only {name}: no such variant in {self.path} (variants: {', '.join(known)})")
+        return [v for v in self.variants if v.name in names]
+
+
+def variant_dir(workdir: Path, name: str) -> Path:
+    return workdir / "variants" / name
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file and build every variant's config; raises ConfigError."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    unknown = sorted(set(raw) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep key {unknown[0]}; valid keys: {', '.join(SWEEP_KEYS)}")
+    recipe = _recipe_path(path, raw.get("recipe"), str(path))
+    workdir = Path(str(raw.get("workdir") or f"data/sweeps/{path.stem}"))
+    shared = tuple(_override_items(raw.get("overrides"), f"{path}: overrides"))
+    if not isinstance(raw.get("variants") or [], list):
+        raise ConfigError(f"{path}: `variants:` must be a list of entries with name, overrides and/or grid")
+    entries = list(raw.get("variants") or [])
+    if raw.get("grid") is not None:
+        entries.append({"grid": raw["grid"]})
+    named = [item for index, entry in enumerate(entries, 1) for item in _expand(entry, f"{path}: variant {index}")]
+    if not named:
+        raise ConfigError(f"{path}: no variants (give `variants:` and/or `grid:`)")
+    _check_names(path, [name for name, _, _ in named])
+    variants = []
+    for name, own_recipe, items in named:
+        variant_recipe = _recipe_path(path, own_recipe, f"{path}: variant {name}") if own_recipe else recipe
+        variants.append(Variant(name, variant_recipe, tuple(items),
+                                _variant_config(path, variant_recipe, workdir, name, shared, items)))
+    variants = tuple(variants)
+    return Sweep(path.stem, path, recipe, workdir, shared, variants)
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"sweep file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not a valid YAML sweep file ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a sweep file must be a mapping (recipe, variants, ...)")
+    return raw
+
+
+def _recipe_path(sweep_path: Path, value: Any, where: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: `recipe:` must name a recipe (a path relative to the sweep file)")
+    recipe = Path(os.path.normpath(sweep_path.parent / value))  # recipes/x.yaml, not recipes/sweeps/../x.yaml
+    if not recipe.is_file():
+        raise ConfigError(f"{where}: recipe not found: {recipe}")
+    return recipe
+
+
+def _override_items(value: Any, where: str) -> list[str]:
+    """A mapping {dotted.key: value} or a list of ``key=value`` strings -> ``key=value`` strings."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        items = [f"{key}={_text(item)}" for key, item in value.items()]
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        items = list(value)
+    else:
+        raise ConfigError(f"{where}: expected a mapping of dotted keys or a list of key=value, got {value!r}")
+    for item in items:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or not key:
+            raise ConfigError(f"{where}: {item!r} is not of the form key=value (e.g. train.lr=0.002)")
+        if key in RESERVED_OVERRIDES:
+            raise ConfigError(f"{where}: {key} cannot be overridden: the sweep names and places every variant")
+    return items
+
+
+def _text(value: Any) -> str:
+    """A value as override text that parses back to the same value: a string as it is when YAML
+    reads it back unchanged, anything else as JSON (which YAML reads)."""
+    import yaml
+
+    if isinstance(value, str):
+        try:
+            if yaml.safe_load(value) == value:
+                return value
+        except yaml.YAMLError:
+            pass
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _expand(entry: Any, where: str) -> list[tuple[str, Any, list[str]]]:
+    """One sweep entry -> [(variant name, its own recipe or None, its override items)]; a grid
+    gives every combination."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping with name, overrides and/or grid, got {entry!r}")
+    unknown = sorted(set(entry) - set(VARIANT_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]}; valid keys: {', '.join(VARIANT_KEYS)}")
+    name = entry.get("name")
+    if name is not None and not isinstance(name, str):
+        name = str(name)
+    where = f"{where.rsplit(':', 1)[0]}: variant {name}" if name else where
+    items = _override_items(entry.get("overrides"), where)
+    grid = entry.get("grid")
+    if grid is None:
+        if not name:
+            raise ConfigError(f"{where}: a variant without a grid needs a name")
+        return [(name, entry.get("recipe"), items)]
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(f"{where}: grid must be a mapping of dotted keys to lists of values")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: grid key {key} needs a non-empty list of values, got {values!r}")
+        _override_items({key: values[0]}, where)
+    labels = _grid_labels(list(grid))
+    combos = []
+    for values in itertools.product(*grid.values()):
+        generated = ",".join(f"{label}={_name_text(value)}" for label, value in zip(labels, values))
+        grid_items = [f"{key}={_text(value)}" for key, value in zip(grid, values)]
+        combos.append((f"{name},{generated}" if name else generated, entry.get("recipe"), items + grid_items))
+    return combos
+
+
+def _grid_labels(keys: list[str]) -> list[str]:
+    """The last part of each dotted key, or the whole key where two last parts collide."""
+    leaves = [key.rsplit(".", 1)[-1] for key in keys]
+    return [leaf if leaves.count(leaf) == 1 else key for leaf, key in zip(leaves, keys)]
+
+
+def _name_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "-".join(_name_text(item) for item in value)
+    return _UNSAFE.sub("-", str(value))
+
+
+def _check_names(path: Path, names: list[str]) -> None:
+    seen = set()
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise ConfigError(f"{path}: variant name {name!r} must start with a letter or digit and hold only "
+                              f"letters, digits and . _ = , + - (at most 120 characters)")
+        if name in seen:
+            raise ConfigError(f"{path}: two variants are named {name}")
+        seen.add(name)
+
+
+def _variant_config(path: Path, recipe: Path, workdir: Path, name: str, shared: tuple[str, ...],
+                    items: list[str]) -> Config:
+    try:
+        return load_config(recipe, [*shared, *items, *_placement(path.stem, workdir, name)])
+    except ConfigError as err:
+        raise ConfigError(f"{path}: variant {name}: {err}") from None
+
+
+def run_command(sweep: Sweep, variant: Variant) -> list[str]:
+    """The ``nmtkit run`` arguments that build this variant's config (also shown to the user)."""
+    return ["run", str(variant.recipe), *sweep.shared_overrides, *variant.overrides,
+            *_placement(sweep.name, sweep.workdir, variant.name)]
+
+
+def _placement(sweep_name: str, workdir: Path, name: str) -> list[str]:
+    return [f"name={_text(f'{sweep_name}-{name}')}", f"workdir={_text(str(variant_dir(workdir, name)))}"]
+
+
+def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
+    """(variant name, training run dir) of a sweep directory's variants that have started
+    training, in sweep order; None when ``directory`` is not a sweep directory."""
+    plan_path = Path(directory) / "sweep.json"
+    if not plan_path.is_file():
+        return None
+    try:
+        names = [v["name"] for v in json.loads(plan_path.read_text(encoding="utf-8"))["variants"]]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`") from None
+    runs = [(name, variant_dir(Path(directory), name) / "train") for name in names]
+    runs = [(name, path) for name, path in runs if (path / "metrics.jsonl").is_file()]
+    if not runs:
+        raise ConfigError(f"{directory}: no variant of this sweep has trained yet")
+    return runs

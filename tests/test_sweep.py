@@ -1,0 +1,253 @@
+"""``nmtkit sweep`` through the real command line on a tiny generated task: variants sharing one
+prepare, the results table and its p-values, skipping finished variants, ``--only``, a kill
+mid-sweep and its resume, ``--dry-run`` and one-line errors for bad sweep files."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import reversal_pairs, run_cli, tiny_recipe
+
+VARIANTS = [{"name": "baseline"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def write_task(root: Path) -> Path:
+    """Generated reversal data as text files and a tiny recipe reading them; returns the recipe."""
+    files = {}
+    for split, count, seed in (("train", 300, 0), ("dev", 20, 1), ("test", 40, 2)):
+        pairs = reversal_pairs(count, seed, length=6)
+        files[split] = {}
+        for lang, side in (("src", 0), ("tgt", 1)):
+            path = root / f"{split}.{lang}"
+            path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+            files[split][lang] = str(path)
+    recipe = tiny_recipe(root / "unused", data={"files": files},
+                         model={"d_model": 16, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1},
+                         train={"max_steps": 12, "validate_every": 6, "save_every": 3, "log_every": 3,
+                                "average_last": 1, "max_tokens": 300})
+    del recipe["workdir"]
+    path = root / "base.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    return path
+
+
+def write_sweep(root: Path, name: str, variants=VARIANTS, **extra) -> Path:
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"recipe": "base.yaml", "workdir": str(root / name), "variants": variants,
+                                    **extra}), encoding="utf-8")
+    return path
+
+
+def sweep_cli(*args: str) -> subprocess.CompletedProcess:
+    result = run_cli("sweep", *map(str, args))
+    result.stdout, result.stderr = result.stdout.decode(), result.stderr.decode()
+    return result
+
+
+def results_of(sweep_dir: Path) -> dict:
+    return json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))
+
+
+def without_timing(results: dict) -> list[dict]:
+    """The rows without what depends on the machine's speed and on how many sessions ran."""
+    timing = ("train_tok_s", "train_minutes", "decode_sent_s", "peak_rss_mib")
+    return [{k: v for k, v in row.items() if k not in timing} for row in results["variants"]]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A whole two-variant sweep, run once."""
+    root = tmp_path_factory.mktemp("sweep")
+    write_task(root)
+    sweep = write_sweep(root, "pair")
+    result = sweep_cli(sweep)
+    assert result.returncode == 0, result.stderr
+    return root, sweep, root / "pair", result
+
+
+def test_two_variants_share_one_prepare(finished):
+    _, _, sweep_dir, _ = finished
+    shared = list((sweep_dir / "prepared").iterdir())
+    assert len(shared) == 1
+    for name in ("baseline", "fast"):
+        assert (sweep_dir / "variants" / name / "prepared").resolve() == shared[0].resolve()
+    logs = [(sweep_dir / "variants" / name / "run.log").read_text() for name in ("baseline", "fast")]
+    assert "fetch done, spm done, encode done" in logs[0]
+    assert "fetch up to date, spm up to date, encode up to date" in logs[1]
+
+
+def test_results_columns_and_p_values(finished):
+    from nmtkit.files import read_lines
+    from nmtkit.models.build import build_model, parameter_table
+    from nmtkit.config import load_config
+    from nmtkit.scoring.significance import paired_test
+
+    root, _, sweep_dir, result = finished
+    results = results_of(sweep_dir)
+    rows = {row["name"]: row for row in results["variants"]}
+    assert list(rows) == ["baseline", "fast"] and results["baseline"] == "baseline"
+    assert rows["fast"]["settings"] == ["train.lr=0.01"] and rows["baseline"]["settings"] == []
+    refs = read_lines(sweep_dir / "prepared" / os.listdir(sweep_dir / "prepared")[0] / "test.tgt")
+    hyps = {name: read_lines(sweep_dir / "variants" / name / "results" / "test.hyp") for name in rows}
+    for name, row in rows.items():
+        assert row["status"] == "done"
+        own = json.loads((sweep_dir / "variants" / name / "results" / "results.json").read_text())
+        assert row["test_bleu"] == own["splits"]["test"]["bleu"]["score"]
+        assert row["test_chrf"] == own["splits"]["test"]["chrf"]["score"]
+        assert row["test_ter"] == own["splits"]["test"]["ter"]["score"]
+        assert row["dev_bleu"] == own["splits"]["dev"]["bleu"]["score"]
+        metrics = [json.loads(line) for line in (sweep_dir / "variants" / name / "train" / "metrics.jsonl").open()]
+        assert row["dev_loss"] == [m["dev_loss"] for m in metrics if m["type"] == "valid"][-1]
+        cfg = load_config(root / "base.yaml", [f"train.lr={0.01 if name == 'fast' else 0.003}"])
+        assert row["parameters"] == row["active_parameters"] == parameter_table(build_model(cfg.model, 16, 16))["total"]
+        for key in ("train_tok_s", "train_minutes", "decode_sent_s", "peak_rss_mib"):
+            assert row[key] is not None and row[key] >= 0, key
+        assert row["peak_rss_mib"] > 50  # a Python process with torch loaded
+    assert rows["baseline"]["p_value"] is None
+    expected = paired_test(hyps["fast"], hyps["baseline"], [refs], metrics=("bleu",), resamples=1000)
+    assert rows["fast"]["p_value"] == round(expected["bleu"].p_value, 4)
+    assert hyps["fast"] != hyps["baseline"]
+    table = (sweep_dir / "results.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| variant"))
+    assert header.split(" | ")[1:4] == ["test BLEU", "p", "chrF"]
+    for column in ("dev BLEU", "dev loss", "params", "active", "train tok/s", "train min", "decode sent/s",
+                   "peak RSS MiB", "settings"):
+        assert column in header
+    assert f"| fast | {rows['fast']['test_bleu']:.2f} | {rows['fast']['p_value']:.3f} |" in table
+    assert "test BLEU" in result.stderr  # the summary table
+
+
+def test_finished_variants_are_skipped(finished):
+    _, sweep, sweep_dir, _ = finished
+    before = results_of(sweep_dir)
+    checkpoints = sorted(p.name for p in (sweep_dir / "variants" / "fast" / "train" / "checkpoints").iterdir())
+    result = sweep_cli(sweep)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("finished earlier with these settings, skipped") == 2
+    assert results_of(sweep_dir) == before
+    assert sorted(p.name for p in (sweep_dir / "variants" / "fast" / "train" / "checkpoints").iterdir()) == checkpoints
+
+
+def test_plot_overlays_the_variants(finished, tmp_path):
+    from nmtkit.sweep.spec import sweep_runs
+
+    _, _, sweep_dir, _ = finished
+    assert [name for name, _ in sweep_runs(sweep_dir)] == ["baseline", "fast"]
+    out = tmp_path / "curves.png"
+    result = run_cli("plot", str(sweep_dir), "-o", str(out))
+    assert result.returncode == 0, result.stderr.decode()
+    assert out.stat().st_size > 10_000
+
+
+def test_only_then_killed_sweep_resumes_where_it_stopped(finished, tmp_path):
+    root, _, reference_dir, _ = finished
+    sweep = write_sweep(root, "killed")
+    sweep_dir = root / "killed"
+    only = sweep_cli(sweep, "--only", "baseline")
+    assert only.returncode == 0, only.stderr
+    assert not (sweep_dir / "variants" / "fast").exists()
+    assert [row["status"] for row in results_of(sweep_dir)["variants"]] == ["done", "pending"]
+
+    # the whole sweep, killed (sweep and training together, SIGKILL) once `fast` has a checkpoint
+    process = subprocess.Popen([sys.executable, "-m", "nmtkit", "sweep", str(sweep)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    checkpoints = sweep_dir / "variants" / "fast" / "train" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (checkpoints.is_dir() and any(p.name.startswith("step_") for p in checkpoints.iterdir())):
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint of the second variant"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (sweep_dir / "variants" / "fast" / "results" / "results.json").exists()
+
+    resumed = sweep_cli(sweep)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("finished earlier with these settings, skipped") == 1
+    assert "resumed from step_" in (sweep_dir / "variants" / "fast" / "run.log").read_text()
+    assert without_timing(results_of(sweep_dir)) == without_timing(results_of(reference_dir))
+
+
+def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
+    from nmtkit.config import load_config
+    from nmtkit.models.build import build_model, parameter_table
+
+    write_task(tmp_path)
+    sweep = write_sweep(tmp_path, "grid", variants=[{"name": "baseline"}, {"name": "vocab", "overrides": ["vocab.size=20"]}],
+                        grid={"model.d_model": [16, 32], "model.pre_norm": [False, True]})
+    result = sweep_cli(sweep, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "grid").exists()  # nothing written
+    lines = result.stderr.splitlines()
+    rows = [line.split() for line in lines[lines.index(next(l for l in lines if "variant" in l and "prepare" in l
+                                                                     and "settings" in l)) + 1:]]
+    assert [row[0] for row in rows] == ["baseline", "vocab", "d_model=16,pre_norm=false", "d_model=16,pre_norm=true",
+                                        "d_model=32,pre_norm=false", "d_model=32,pre_norm=true"]
+    assert [row[1] for row in rows] == ["#1", "#2", "#1", "#1", "#1", "#1"]
+    assert rows[3][5:] == ["model.d_model=16", "model.pre_norm=true"]
+    for row, overrides, vocab in ((rows[1], ["vocab.size=20"], 20), (rows[4], ["model.d_model=32"], 16),
+                                  (rows[3], ["model.pre_norm=true"], 16)):
+        cfg = load_config(tmp_path / "base.yaml", overrides)
+        total = parameter_table(build_model(cfg.model, vocab, vocab))["total"]
+        assert row[2] == row[3] == f"{total:,}" and row[4] == "pending"
+    assert "2 prepare(s)" in result.stderr
+
+
+@pytest.mark.parametrize("change, fragments", [
+    ({"extra": 1}, ["unknown sweep key extra"]),
+    ({"variants": [{"name": "a", "overrides": {"model.pre_nrom": True}}]}, ["variant a", "model.pre_nrom"]),
+    ({"variants": [{"name": "a", "overrides": {"train.lr": "fast"}}]}, ["variant a", "train.lr", "number"]),
+    ({"variants": [{"name": "a", "overrides": ["train.lr"]}]}, ["variant a", "not of the form key=value"]),
+    ({"variants": [{"name": "a"}, {"name": "a"}]}, ["two variants are named a"]),
+    ({"variants": [{"name": "a/b"}]}, ["variant name 'a/b'"]),
+    ({"variants": [{"overrides": {"train.lr": 1}}]}, ["variant 1", "needs a name"]),
+    ({"variants": [{"name": "a", "overrides": {"workdir": "x"}}]}, ["workdir cannot be overridden"]),
+    ({"variants": [{"name": "a", "grid": {"train.lr": []}}]}, ["grid key train.lr needs a non-empty list"]),
+    ({"variants": [{"name": "a", "recipe": "nope.yaml"}]}, ["variant a", "recipe not found"]),
+    ({"variants": []}, ["no variants"]),
+    ({"recipe": "missing.yaml"}, ["recipe not found"]),
+])
+def test_bad_sweep_files_are_rejected(tmp_path, change, fragments):
+    from nmtkit.errors import ConfigError
+    from nmtkit.sweep.spec import load_sweep
+
+    write_task(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        load_sweep(write_sweep(tmp_path, "bad", **change))
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+def test_a_bad_sweep_file_is_one_line_before_any_work(tmp_path):
+    write_task(tmp_path)
+    bad = {"name": "b", "overrides": {"model.pre_nrom": True}}
+    result = sweep_cli(write_sweep(tmp_path, "bad", variants=[{"name": "a"}, bad]))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("nmtkit: error: ") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "variant b" in result.stderr and "unknown config key model.pre_nrom" in result.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_shipped_sweeps_load():
+    from nmtkit.sweep.spec import load_sweep
+
+    sweeps = sorted((Path(__file__).resolve().parent.parent / "recipes" / "sweeps").glob("*.yaml"))
+    assert sweeps
+    for path in sweeps:
+        sweep = load_sweep(path)
+        assert sweep.variants[0].name == "baseline" and len({v.data_key for v in sweep.variants}) == 1
+
+
+def test_only_names_an_unknown_variant(tmp_path):
+    write_task(tmp_path)
+    result = sweep_cli(write_sweep(tmp_path, "pair"), "--only", "nope")
+    assert result.returncode == 2 and "--only nope: no such variant" in result.stderr
+    assert "baseline, fast" in result.stderr
