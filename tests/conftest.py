@@ -113,7 +113,7 @@ def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
     from nmtkit.config import ModelConfig
     from nmtkit.data.vocab import Vocab
     from nmtkit.decoding.batching import pad_sources
-    from nmtkit.models.base import BOS, EOS
+    from nmtkit.specials import BOS, EOS
     from nmtkit.models.build import build_model
     from nmtkit.models.store import save_model_dir
     from nmtkit.training.loss import label_smoothed_loss

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from nmtkit.config import ModelConfig
-from nmtkit.models.base import BOS, EOS, PAD
 from nmtkit.models.build import build_model
 from nmtkit.models.rnn import RNNSeq2Seq, RNNState
+from nmtkit.specials import BOS, EOS, PAD
 
 V = 20
 ATTENTIONS = ["bahdanau", "luong-dot", "luong-general", "none"]

@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.search import beam_search, greedy_search, length_penalty, sample
-from nmtkit.models.base import BOS, EOS, PAD, EncoderOut, Selectable, Seq2Seq, group_beams
+from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq, group_beams
+from nmtkit.specials import BOS, EOS, PAD
 
 A, B_, C = 4, 5, 6  # the scripted model's pieces "a", "b", "c"
 VOCAB = 8

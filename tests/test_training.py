@@ -14,7 +14,7 @@ from nmtkit.config import TrainConfig, from_dict
 from nmtkit.console import get_console
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
-from nmtkit.models.base import BOS, EOS, PAD
+from nmtkit.specials import BOS, EOS, PAD
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.schedule import learning_rate
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from nmtkit.config import ModelConfig, from_dict
-from nmtkit.models.base import BOS, PAD
 from nmtkit.models.build import build_model, parameter_table
 from nmtkit.models.layers import sinusoidal_positions
+from nmtkit.specials import BOS, PAD
 
 V = 24
 
@@ -181,7 +181,7 @@ def test_cpu_bf16_attention_path_matches_sdpa(causal):
 def test_learns_to_reverse_ten_symbols():
     """The paper's model, tiny: reversing 10 symbols reaches > 95% exact match (greedy)."""
     from nmtkit.decoding.search import greedy_search
-    from nmtkit.models.base import EOS
+    from nmtkit.specials import EOS
 
     torch.manual_seed(0)
     symbols, length = 10, 10

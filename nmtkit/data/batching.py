@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from nmtkit.data.ids import ParallelIds
-from nmtkit.models.base import BOS, EOS, PAD
+from nmtkit.specials import BOS, EOS, PAD
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """SentencePiece vocabularies with the fixed special ids every model relies on.
 
-pad=0, unk=1, bos=2, eos=3 (see ``nmtkit.models.base``). A joint model is one file,
+pad=0, unk=1, bos=2, eos=3 (``nmtkit.specials``). A joint model is one file,
 ``spm.model``; separate vocabularies are ``spm.src.model`` and ``spm.tgt.model``.
 """
 from __future__ import annotations
@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from nmtkit.errors import DataError
-
-SPECIAL_IDS = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+from nmtkit.specials import EOS, PAD, SPM_SPECIAL_IDS
 
 
 class Vocab:
@@ -29,7 +28,7 @@ class Vocab:
             self.sp.Load(str(self.path))
         except (OSError, RuntimeError) as err:
             raise DataError(f"{self.path}: not a valid SentencePiece model ({err})") from None
-        if self.sp.pad_id() != 0 or self.sp.eos_id() != 3:
+        if self.sp.pad_id() != PAD or self.sp.eos_id() != EOS:
             raise DataError(f"{self.path}: special ids differ from pad=0 unk=1 bos=2 eos=3")
 
     def __len__(self) -> int:
@@ -42,7 +41,7 @@ class Vocab:
         return self.sp.EncodeAsIds(list(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.sp.DecodeIds([int(i) for i in ids if int(i) > 3])
+        return self.sp.DecodeIds([int(i) for i in ids if int(i) > EOS])  # specials are the lowest ids
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.sp.IdToPiece(int(i)) for i in ids]
@@ -80,7 +79,7 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
             spm.SentencePieceTrainer.Train(
                 input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
                 character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-                shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1, **SPECIAL_IDS,
+                shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1, **SPM_SPECIAL_IDS,
             )
         except RuntimeError as err:
             raise DataError(f"SentencePiece training failed: {str(err).splitlines()[-1]} "

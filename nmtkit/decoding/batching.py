@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from nmtkit.models.base import PAD
+from nmtkit.specials import PAD
 
 
 def token_batches(lengths: Sequence[int], budget: int, rows_per_sentence: int = 1) -> list[list[int]]:

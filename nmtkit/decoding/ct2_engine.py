@@ -30,8 +30,8 @@ from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
 from nmtkit.decoding.translate import TranslateOptions, Translator, run_file
 from nmtkit.errors import ConfigError
-from nmtkit.models.base import BOS, EOS, PAD
 from nmtkit.models.export_ct2 import META, import_ctranslate2
+from nmtkit.specials import BOS, EOS, PAD
 
 COMPUTE_TYPES = {"auto": "default", "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 

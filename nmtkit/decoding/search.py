@@ -25,7 +25,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from nmtkit.models.base import BOS, EOS, PAD, Seq2Seq
+from nmtkit.models.base import Seq2Seq
+from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
 

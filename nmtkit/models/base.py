@@ -20,10 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-import torch
 from torch import Tensor, nn
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed special ids, shared with the SentencePiece models
 
 
 def _select(value: Any, index: Tensor) -> Any:
@@ -79,12 +76,3 @@ class Seq2Seq(nn.Module):
 def group_beams(rows: Tensor, batch: int) -> Tensor:
     """[B*beam, ...] -> [B, beam, ...]: the hypotheses of each sentence side by side."""
     return rows.view(batch, rows.size(0) // batch, *rows.shape[1:])
-
-
-def make_pad_mask(tokens: Tensor) -> Tensor:
-    return tokens.ne(PAD)
-
-
-def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
-    """[T, T] bool, True where position i may attend to j (j <= i)."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()

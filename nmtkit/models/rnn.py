@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmtkit.models.base import PAD, EncoderOut, Selectable, Seq2Seq, group_beams
+from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq, group_beams
+from nmtkit.specials import PAD
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
 

@@ -15,8 +15,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from nmtkit.models.base import PAD, EncoderOut, Selectable, Seq2Seq
+from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq
 from nmtkit.models.layers import Attention, FeedForward, make_norm, sdpa, sinusoidal_positions
+from nmtkit.specials import PAD
 
 
 @dataclasses.dataclass
@@ -186,9 +187,6 @@ class Transformer(Seq2Seq):
         logits = self.output_proj(self.decoder_norm(x))[:, 0]  # (rows, V)
         return logits, TransformerState(self_kv=new_kv, step=state.step + 1,
                                         attn=None if attn is None else attn[:, 0])
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())  # parameters() yields tied tensors once
 
     @torch.no_grad()
     def cross_attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from nmtkit.models.base import PAD
+from nmtkit.specials import PAD
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):

@@ -53,7 +53,7 @@ class SentenceAttention:
 def sentence_attention(loaded, sentence: str, beam_size: int = 4) -> SentenceAttention:
     """Translate ``sentence`` with a ``LoadedModel`` and collect its attention maps."""
     from nmtkit.decoding.search import beam_search
-    from nmtkit.models.base import BOS
+    from nmtkit.specials import BOS
 
     model = loaded.model
     ids = loaded.src_vocab.encode(sentence)
