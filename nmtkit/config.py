@@ -311,6 +311,11 @@ def from_dict(raw: dict) -> Config:
     return validate(_build(Config, raw, ""))
 
 
+def model_config_from_dict(values: dict) -> ModelConfig:
+    """The ``model`` section of a saved model directory, type-checked with unknown keys rejected."""
+    return _build(ModelConfig, values, "model.")
+
+
 def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) -> Config:
     """Load a YAML recipe (or defaults when ``path`` is None) and apply overrides."""
     import yaml

@@ -61,11 +61,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_open(path, "wb") as handle:
-        handle.write(data)
-
-
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

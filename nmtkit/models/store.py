@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from nmtkit import __version__
-from nmtkit.config import ModelConfig, _build
+from nmtkit.config import ModelConfig, model_config_from_dict
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.files import UMASK, atomic_write_text, sha256_file
@@ -164,7 +164,7 @@ def read_meta(model_dir: str | Path) -> dict:
 
 def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:
     try:
-        return _build(ModelConfig, meta["model"], "model.")
+        return model_config_from_dict(meta["model"])
     except NmtkitError as err:
         raise CheckpointError(f"{where}: incompatible model config ({err})") from None
 

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +40,6 @@ class TrainerState:
     bad_validations: int = 0
     skipped_steps: int = 0
     train_seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
@@ -124,8 +123,9 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
     model_weights = read_weights(path / WEIGHTS, meta.get("weights_sha256"))
     tensors = read_weights(path / TRAINER_TENSORS, payload.get("sha256"))
     try:
-        trainer = TrainerState(**payload["trainer"])
-    except (TypeError, KeyError) as err:
+        # "extra": an always-empty field that checkpoints written before 2026-11 carry
+        trainer = TrainerState(**{k: v for k, v in payload["trainer"].items() if k != "extra"})
+    except (TypeError, KeyError, AttributeError) as err:
         raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({err})") from None
     if payload.get("ema"):
         raw = {k[4:]: v for k, v in tensors.items() if k.startswith("raw.")}

@@ -479,9 +479,8 @@ class Trainer:
         improved = self.state.best_score is None or metric > self.state.best_score
         if improved:
             self.state.best_score, self.state.best_step, self.state.bad_validations = metric, self.state.step, 0
-            weights = self.ema if self.ema is not None else None
             save_model_dir(self.model, cfg.model, self.run_dir / "best", self.src_path, self.tgt_path,
-                           {**self.meta, "step": self.state.step, **scores}, weights=weights)
+                           {**self.meta, "step": self.state.step, **scores}, weights=self.ema)
         else:
             self.state.bad_validations += 1
         record = {"type": "valid", "step": self.state.step, **{k: round(v, 4) for k, v in scores.items()},
