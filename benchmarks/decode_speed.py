@@ -41,12 +41,12 @@ FORCED = "torch:float32:4,torch:int8:4,ct2:float32:4,ct2:int8:4,ct2direct:float3
 
 # -- the child: one configuration ------------------------------------------------------------
 class Counting:
-    """Wraps a translator's ``search`` to count output pieces of the best hypotheses."""
+    """Wraps a translator's engine ``search`` to count output pieces of the best hypotheses."""
 
     def __init__(self, translator) -> None:
         self.tokens = 0
-        self.search = translator.search
-        translator.search = self
+        self.search = translator.engine.search
+        translator.engine.search = self
 
     def __call__(self, src, src_mask):
         hyps = self.search(src, src_mask)
@@ -57,9 +57,10 @@ class Counting:
 def torch_translator(cfg: dict, options):
     import torch
 
-    from nmtkit.decoding.translate import Translator, load_models
+    from nmtkit.decoding.torch_engine import TorchEngine, load_models
+    from nmtkit.decoding.translate import Translator
 
-    return Translator(load_models([cfg["model"]], torch.device(cfg["device"])), options)
+    return Translator(TorchEngine(load_models([cfg["model"]], torch.device(cfg["device"])), options), options)
 
 
 class MarianForced:
@@ -126,7 +127,7 @@ class CT2Direct:
         import ctranslate2
         import sentencepiece
 
-        from nmtkit.models.export_ct2 import META
+        from nmtkit.ctranslate2.export import META
 
         model_dir = Path(cfg["ct2_model"])
         spm = json.loads((model_dir / META).read_text(encoding="utf-8"))["spm"]
@@ -162,9 +163,10 @@ def make_translator(cfg: dict):
                                dtype=cfg["dtype"],
                                engine="ctranslate2" if cfg["engine"] == "ct2" else "torch", **lengths)
     if cfg["engine"] == "ct2":
-        from nmtkit.decoding.ct2_engine import CT2Translator
+        from nmtkit.ctranslate2.engine import CT2Engine
+        from nmtkit.decoding.translate import Translator
 
-        return CT2Translator(cfg["ct2_model"], options)
+        return Translator(CT2Engine(cfg["ct2_model"], options), options)
     return torch_translator(cfg, options)
 
 
@@ -212,7 +214,7 @@ def available(engine: str) -> bool:
 
 
 def export_for_ct2(model_dir: str, scratch: Path) -> Path:
-    from nmtkit.models.export_ct2 import export_ctranslate2
+    from nmtkit.ctranslate2.export import export_ctranslate2
 
     return export_ctranslate2(model_dir, scratch / "ct2")
 

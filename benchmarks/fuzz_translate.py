@@ -113,8 +113,9 @@ def main() -> None:
 
     from nmtkit.console import NmtConsole
     from nmtkit.data.vocab import train_spm
-    from nmtkit.decoding.translate import TranslateOptions, translate_file, translate_lines
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.decoding.translate import TranslateOptions, translate_lines
+    from nmtkit.translation import translate_file
+    from nmtkit.modeldir import load_model_dir
 
     torch.set_num_threads(1)
     options = TranslateOptions(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float32",

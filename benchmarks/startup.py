@@ -51,7 +51,7 @@ def main(argv=None) -> list[dict]:
     except ImportError:
         print("skipping ctranslate2: not installed", file=sys.stderr)
     else:
-        from nmtkit.models.export_ct2 import export_ctranslate2
+        from nmtkit.ctranslate2.export import export_ctranslate2
 
         scratch = Path(tempfile.mkdtemp(prefix="nmtkit-bench-start-"))
         try:

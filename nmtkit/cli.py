@@ -115,7 +115,8 @@ def translate(
     engine: str = typer.Option("torch", "--engine", help="torch or ctranslate2 (an exported model)."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order."""
-    from nmtkit.decoding.translate import TranslateOptions, translate_file
+    from nmtkit.decoding.translate import TranslateOptions
+    from nmtkit.translation import translate_file
 
     options = TranslateOptions(
         beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
@@ -235,7 +236,7 @@ def info(
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Show a model card: architecture, size, vocabularies, languages, training, data and recipe."""
-    from nmtkit.viz.card import info_command
+    from nmtkit.card import info_command
 
     info_command(model_dir, json_out)
 
@@ -252,7 +253,7 @@ def export(
 
     if fmt != "ctranslate2":
         raise ConfigError(f"--format must be ctranslate2, not {fmt!r}")
-    from nmtkit.models.export_ct2 import export_ctranslate2
+    from nmtkit.ctranslate2.export import export_ctranslate2
 
     _console().info(f"wrote {export_ctranslate2(model_dir, output, quantization)}")
 

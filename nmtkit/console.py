@@ -5,7 +5,8 @@ Verbosity: -1 quiet (warnings and errors), 0 normal, 1 verbose.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator, Optional
 
 from rich.console import Console
 
@@ -26,12 +27,35 @@ class NmtConsole(Console):
     def warn(self, message: str) -> None:
         self.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)  # one line, whatever the width
 
-    def progress(self, **kwargs: Any):
-        """A rich Progress on this console (silent when quiet)."""
+    def progress(self, *columns: Any, **kwargs: Any):
+        """The one place a rich Progress is made: on this console, silent when quiet (unless
+        ``disable`` says otherwise), with ``columns`` or description, bar, count and times."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TimeRemainingColumn(), console=self, disable=self.verbosity < 0, transient=False, **kwargs)
+        columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                              TimeRemainingColumn())
+        kwargs.setdefault("disable", self.verbosity < 0)
+        return Progress(*columns, console=self, transient=False, **kwargs)
+
+    @contextlib.contextmanager
+    def terminal_bar(self, description: str, total: Optional[int]) -> Iterator[Callable[[int], None]]:
+        """A progress bar (a pulsing one when ``total`` is None) for a person watching a
+        terminal, nothing in a log file; yields ``advance(n)``."""
+        if not self.is_terminal:
+            yield lambda n: None
+            return
+        progress = self.progress()
+        progress.start()
+        task = progress.add_task(description, total=total)
+        try:
+            yield lambda n: progress.advance(task, n)
+        except BaseException:
+            progress.live.transient = True  # the error is reported alone, without a half-drawn bar
+            progress.live.stop()
+            raise
+        if total is None:
+            progress.update(task, total=1, completed=1)
+        progress.stop()
 
 
 def get_console(verbosity: int = 0) -> NmtConsole:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nmtkit.config import Config
 from nmtkit.files import atomic_write_text, read_lines
+from nmtkit.workdir import WorkDir
 
 
 def _stamp(*parts) -> str:
@@ -22,6 +23,7 @@ def _stamp(*parts) -> str:
 def choose_model(cfg: Config, run_dir: Path, console) -> Path:
     """The model directory to evaluate: the average of the last checkpoints (as in the
     paper) when train.average_last > 1, else the best checkpoint by the dev metric."""
+    from nmtkit.modeldir import CONFIG, read_meta
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
 
     dirs = checkpoint_dirs(run_dir)
@@ -29,28 +31,27 @@ def choose_model(cfg: Config, run_dir: Path, console) -> Path:
     if n > 1:
         out = run_dir / "averaged"
         sources = [p.name for p in dirs[-n:]]
-        meta_path = out / "config.json"
-        if meta_path.is_file() and json.loads(meta_path.read_text()).get("averaged_from") == sources:
+        if (out / CONFIG).is_file() and read_meta(out).get("averaged_from") == sources:
             return out
         console.info(f"averaging {n} checkpoints: {', '.join(sources)}")
         return average_checkpoints(run_dir, n, out)
-    if (run_dir / "best" / "config.json").is_file():
+    if (run_dir / "best" / CONFIG).is_file():
         return run_dir / "best"
     return dirs[-1]
 
 
-def translate_split(cfg: Config, model_dir: Path, split: str, out_dir: Path, console) -> tuple[list[str], float]:
+def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_dir: Path,
+                    console) -> tuple[list[str], float]:
     """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp, which
-    keeps the time the translation took, so a cached split still reports its decoding speed)."""
+    keeps the time the translation took, so a cached split still reports its decoding speed);
+    ``meta`` is the model directory's config.json."""
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
-    prepared = cfg.work_path / "prepared"
-    sources = read_lines(prepared / f"{split}.{cfg.data.src_lang}")
+    sources = read_lines(WorkDir.of(cfg).text(split, cfg.data.src_lang))
     d = cfg.decode
     options = TranslateOptions(beam_size=d.beam_size, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
                                min_len=d.min_len, batch_tokens=d.batch_tokens, device=cfg.train.device)
-    meta = json.loads((model_dir / "config.json").read_text())
     stamp = _stamp(meta["weights_sha256"], dataclasses.asdict(options), len(sources))
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
@@ -80,29 +81,30 @@ def _read_stamp(path: Path) -> dict:
 def run_recipe(cfg: Config, console) -> dict:
     """Run every step of the recipe and return the results dict."""
     from nmtkit.data.prepare import prepare
+    from nmtkit.modeldir import read_meta
     from nmtkit.scoring.metrics import corpus_scores
-    from nmtkit.training.trainer import run_dir_of, train
+    from nmtkit.training.trainer import train
 
     started = time.perf_counter()
     console.rule("[bold]1/4 prepare")
     prepare(cfg, console)
     console.rule("[bold]2/4 train")
     train(cfg, console)
-    run_dir = run_dir_of(cfg)
+    work = WorkDir.of(cfg)
+    run_dir = work.run.path
     console.rule("[bold]3/4 translate")
     model_dir = choose_model(cfg, run_dir, console)
-    out_dir = cfg.work_path / "results"
+    meta = read_meta(model_dir)
+    out_dir = work.results
     results: dict = {"recipe": cfg.name, "model_dir": str(model_dir), "splits": {}}
-    prepared = cfg.work_path / "prepared"
     for split in ("dev", "test"):
-        hyps, seconds = translate_split(cfg, model_dir, split, out_dir, console)
-        refs = read_lines(prepared / f"{split}.{cfg.data.tgt_lang}")
+        hyps, seconds = translate_split(cfg, model_dir, meta, split, out_dir, console)
+        refs = read_lines(work.text(split, cfg.data.tgt_lang))
         scores = corpus_scores(hyps, [refs])
         results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 3),
                                     **{m: {"score": round(s["score"], 2), "signature": s["signature"]}
                                        for m, s in scores.items()}}
     console.rule("[bold]4/4 results")
-    meta = json.loads((model_dir / "config.json").read_text())
     trainer_meta = _training_summary(run_dir)
     results.update(parameters=meta.get("parameters"), **trainer_meta,
                    total_minutes=round((time.perf_counter() - started) / 60, 1))

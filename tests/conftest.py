@@ -115,7 +115,7 @@ def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
     from nmtkit.decoding.batching import pad_sources
     from nmtkit.specials import BOS, EOS
     from nmtkit.models.build import build_model
-    from nmtkit.models.store import save_model_dir
+    from nmtkit.modeldir import save_model_dir
     from nmtkit.training.loss import label_smoothed_loss
 
     cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from nmtkit.config import load_config
 from nmtkit.console import get_console
-from nmtkit.models.store import state_dict_for_save
+from nmtkit.modeldir import state_dict_for_save
 from nmtkit.training import distributed as dist
 from nmtkit.training import trainer
 

@@ -93,7 +93,7 @@ def kill_phase(run_dir: Path) -> str:
 
 def assert_checkpoints_readable(run_dir: Path) -> int:
     """Every ``step_N`` (and ``best/``) loads; hidden leftovers are the only other entries."""
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
     from nmtkit.training.checkpoint import checkpoint_dirs, load_checkpoint
 
     dirs = checkpoint_dirs(run_dir)
@@ -145,7 +145,7 @@ def train_with_kills(recipe: Path, kills: int, seed: int, step_seconds: float,
 
 def final_state(run_dir: Path) -> dict:
     """Everything that must not depend on crashes: weights, EMA, optimizer, best/, metrics."""
-    from nmtkit.models.store import WEIGHTS, read_weights
+    from nmtkit.modeldir import WEIGHTS, read_weights
     from nmtkit.training.checkpoint import latest_checkpoint
 
     ck = latest_checkpoint(run_dir)

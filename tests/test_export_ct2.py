@@ -12,12 +12,12 @@ import pytest
 
 from conftest import reversal_pairs, run_cli, train_tiny
 from nmtkit.config import ModelConfig
-from nmtkit.decoding.translate import TranslateOptions, translate_lines
+from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from nmtkit.decoding.ct2_engine import CT2Translator  # noqa: E402  (needs ctranslate2)
-from nmtkit.models.export_ct2 import export_ctranslate2  # noqa: E402
+from nmtkit.ctranslate2.engine import CT2Engine  # noqa: E402  (needs ctranslate2)
+from nmtkit.ctranslate2.export import export_ctranslate2  # noqa: E402
 
 VARIANTS = {
     "post-norm": dict(),
@@ -36,14 +36,15 @@ def source_lines() -> list[str]:
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_greedy_translations_and_scores_match_torch(variant, reversal_spm, tmp_path):
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     model_dir = train_tiny(reversal_spm, tmp_path / "model", **VARIANTS[variant])
     out = export_ctranslate2(model_dir, tmp_path / "ct2")
     lines = source_lines()
     options = TranslateOptions(beam_size=1, scores=True, device="cpu", dtype="float32", max_len_b=20)
     ours = translate_lines([load_model_dir(model_dir)], lines, options)
-    theirs = CT2Translator(out, TranslateOptions(**{**options.__dict__, "engine": "ctranslate2"})).translate(lines)
+    ct2_options = TranslateOptions(**{**options.__dict__, "engine": "ctranslate2"})
+    theirs = Translator(CT2Engine(out, ct2_options), ct2_options).translate(lines)
     assert len(theirs) == len(lines)
     assert [o.split("\t")[1] for o in ours] == [t.split("\t")[1] for t in theirs]
     assert sum(bool(o.split("\t")[1]) for o in ours) >= 25  # the model does translate
@@ -79,7 +80,7 @@ def test_cli_export_and_translate_keep_one_line_per_line(reversal_spm, tmp_path)
 def test_unsupported_models_and_plain_directories_are_one_line_errors(reversal_spm, tmp_path):
     from nmtkit.data.vocab import Vocab
     from nmtkit.models.build import build_model
-    from nmtkit.models.store import save_model_dir
+    from nmtkit.modeldir import save_model_dir
 
     cfg = ModelConfig(arch="rnn", embed_dim=8, hidden_dim=8)
     size = len(Vocab(reversal_spm))

@@ -16,6 +16,7 @@ from nmtkit.config import load_config
 from nmtkit.console import NmtConsole
 from nmtkit.data.ids import load_split
 from nmtkit.data.vocab import Vocab
+from nmtkit.workdir import WorkDir
 
 WORDS = {"the": "el", "cat": "gato", "dog": "perro", "red": "rojo", "big": "grande", "small": "pequeño",
          "sees": "ve", "eats": "come", "house": "casa", "bird": "pájaro", "green": "verde", "runs": "corre"}
@@ -218,7 +219,7 @@ def test_touched_output_is_rebuilt(recipe, tmp_path):
 
 def test_prepared_dir(recipe):
     cfg = load_config(recipe)
-    assert prep.prepared_dir(cfg) == cfg.work_path / "prepared"
+    assert WorkDir.of(cfg).prepared == cfg.work_path / "prepared"
 
 
 def test_parallel_encoding_matches_single_process(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from nmtkit.errors import ConfigError
 
 
 def test_int8_keeps_lines_and_mostly_agrees_with_float32(reversal_spm, tmp_path):
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     model_dir = train_tiny(reversal_spm, tmp_path / "model")
     lines = [s for s, _ in reversal_pairs(30, 7, length=6)]

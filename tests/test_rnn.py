@@ -211,7 +211,7 @@ def test_training_step_reaches_every_parameter(variant):
 
 @pytest.mark.parametrize("tie", ["all", "decoder"])
 def test_model_dir_round_trip(tmp_path, tiny_spm, tie):
-    from nmtkit.models.store import load_model_dir, save_model_dir
+    from nmtkit.modeldir import load_model_dir, save_model_dir
 
     cfg = tiny_cfg(tie_embeddings=tie, attention="bahdanau")
     torch.manual_seed(0)

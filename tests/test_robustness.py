@@ -137,7 +137,7 @@ def test_score_rejects_mismatched_and_undecodable_files(tmp_path, monkeypatch, c
 DIRECT_WRITE = re.compile(r"(?<![\w.])open\([^)]*[\"'][wax]b?\+?[\"']|\.write_(text|bytes)\(|\bsave_file\(|"
                           r"\bnp\.save|torch\.save\(|\.savefig\(")
 ALLOWED_DIRECT_WRITES = {  # (module, text on the line): why a direct write is safe there
-    ("nmtkit/models/store.py", "save_file(weights, filename"): "write_weights passes a mkstemp name, then renames",
+    ("nmtkit/modeldir.py", "save_file(weights, filename"): "write_weights passes a mkstemp name, then renames",
     ("nmtkit/data/ids.py", "np.savez(handle"): "the handle is atomic_open's",
     ("nmtkit/viz/figure.py", "fig.savefig(handle"): "the handle is atomic_open's",
     ("nmtkit/training/trainer.py", "open(self.metrics_path, \"a\""): "appends; resume truncates after the checkpoint",
@@ -405,7 +405,7 @@ FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float3
 def tiny_model(tmp_path_factory, tiny_spm):
     from test_translate import save_tiny_model
 
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     model_dir = save_tiny_model(tmp_path_factory.mktemp("model") / "model", tiny_spm, seed=0)
     return model_dir, [load_model_dir(model_dir)]
@@ -452,7 +452,8 @@ def test_translate_file_on_any_bytes(tiny_model, tmp_path_factory, lines, ending
     lines included); invalid UTF-8 is replaced, or is an error naming its first line that
     leaves no output file."""
     from nmtkit.console import NmtConsole
-    from nmtkit.decoding.translate import TranslateOptions, translate_file, translate_lines
+    from nmtkit.decoding.translate import TranslateOptions, translate_lines
+    from nmtkit.translation import translate_file
     from nmtkit.errors import DataError
 
     model_dir, loaded = tiny_model

@@ -171,7 +171,7 @@ def test_damaged_newest_checkpoint_falls_back(prepared_task, tmp_path):
 def test_average_of_checkpoints(prepared_task, tmp_path):
     import shutil
 
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
 
     shutil.copytree(prepared_task / "prepared", tmp_path / "prepared")

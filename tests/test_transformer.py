@@ -121,7 +121,7 @@ def test_paper_sizes():
 
 
 def test_model_dir_round_trip(tmp_path, tiny_spm):
-    from nmtkit.models.store import load_model_dir, save_model_dir
+    from nmtkit.modeldir import load_model_dir, save_model_dir
 
     torch.manual_seed(0)
     cfg = tiny_cfg(ffn="swiglu")
@@ -137,7 +137,7 @@ def test_model_dir_round_trip(tmp_path, tiny_spm):
 
 def test_corrupt_model_dir_is_a_clean_error(tmp_path, tiny_spm):
     from nmtkit.errors import CheckpointError
-    from nmtkit.models.store import load_model_dir, save_model_dir
+    from nmtkit.modeldir import load_model_dir, save_model_dir
 
     cfg = tiny_cfg()
     save_model_dir(build_model(cfg, 40, 40), cfg, tmp_path / "m", tiny_spm, tiny_spm)

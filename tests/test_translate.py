@@ -11,8 +11,9 @@ from conftest import run_cli, tiny_sentences
 from nmtkit.config import ModelConfig
 from nmtkit.console import NmtConsole
 from nmtkit.decoding.batching import token_batches
-from nmtkit.decoding.translate import TranslateOptions, translate_file, translate_lines
+from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.translation import translate_file
 
 FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float32")
 
@@ -20,7 +21,7 @@ FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float3
 def save_tiny_model(directory: Path, spm: Path, seed: int) -> Path:
     from nmtkit.data.vocab import Vocab
     from nmtkit.models.build import build_model
-    from nmtkit.models.store import save_model_dir
+    from nmtkit.modeldir import save_model_dir
 
     cfg = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
                       max_positions=64)
@@ -41,7 +42,7 @@ def model_dir(tmp_path_factory, tiny_spm) -> Path:
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     return [load_model_dir(model_dir)]
 
@@ -142,7 +143,7 @@ def test_nbest_scores_and_alignment_formats(loaded):
 
 
 def test_greedy_sampling_and_bf16(loaded, model_dir):
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     lines = tiny_sentences(20, seed=9)
     first = translate_lines(loaded, lines, options(sample=True, seed=3, nbest=2, topk=5))

@@ -91,7 +91,7 @@ def test_validation_time_is_interpolated_from_training_records():
 
 @pytest.fixture(scope="module")
 def sentence(tiny_run):
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
     from nmtkit.viz.attention import sentence_attention
 
     loaded = load_model_dir(tiny_run / "best")
@@ -157,7 +157,7 @@ def test_grid_json_has_every_head(sentence):
 def test_rnn_attention_comes_from_the_decoder_state(tiny_spm):
     from nmtkit.data.vocab import Vocab
     from nmtkit.models.build import build_model
-    from nmtkit.models.store import LoadedModel
+    from nmtkit.modeldir import LoadedModel
     from nmtkit.viz.attention import sentence_attention
 
     cfg = ModelConfig(arch="rnn", embed_dim=16, hidden_dim=16, encoder_layers=1, decoder_layers=1, dropout=0.0)
@@ -188,7 +188,7 @@ def test_info_json_fields(tiny_run):
 
 
 def test_info_table_has_no_colour_codes_off_a_terminal(tiny_run, capsys):
-    from nmtkit.viz.card import info_command
+    from nmtkit.card import info_command
 
     info_command(tiny_run / "best", as_json=False)
     out = capsys.readouterr().out
@@ -196,7 +196,7 @@ def test_info_table_has_no_colour_codes_off_a_terminal(tiny_run, capsys):
 
 
 def test_info_of_a_lone_model_dir_leaves_out_the_run(tiny_run, tmp_path):
-    from nmtkit.viz.card import model_card
+    from nmtkit.card import model_card
 
     lone = shutil.copytree(tiny_run / "best", tmp_path / "model")
     card = model_card(lone)

@@ -36,19 +36,16 @@ import numpy as np
 
 from nmtkit.config import Config, load_config, save_config
 from nmtkit.data.clean import RULES, TextFilter, length_filter
-from nmtkit.data.sources import Pair, fingerprint, read_corpus
+from nmtkit.data.sources import fingerprint, read_corpus
+from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.vocab import Vocab, spm_files, train_spm
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_open, atomic_write_text, exclusive, sha256_file
+from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
 SPLITS = ("train", "dev", "test")
 _LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # what splitlines() would split on
-
-
-def prepared_dir(cfg: Config) -> Path:
-    """Where ``prepare`` writes everything that training and translation read."""
-    return cfg.work_path / "prepared"
 
 
 def prepare(cfg: Config, console) -> dict:
@@ -56,7 +53,7 @@ def prepare(cfg: Config, console) -> dict:
     data = cfg.data
     if data.src_lang == data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}; they must differ")
-    out = prepared_dir(cfg)
+    out = WorkDir.of(cfg).prepared
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "another `nmtkit prepare`"):
         _remove_leftovers(out)
@@ -120,7 +117,7 @@ def _remove_leftovers(out: Path) -> None:
 
 
 def _save_config(cfg: Config) -> None:
-    path = cfg.work_path / "config.yaml"
+    path = WorkDir.of(cfg).config
     with contextlib.suppress(NmtkitError):
         if path.is_file() and load_config(path).to_dict() == cfg.to_dict():
             return  # unchanged: leave the file (and its mtime) alone
@@ -144,7 +141,7 @@ def _fetch_inputs(cfg: Config) -> dict:
 
 def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
     data = cfg.data
-    with _progress(console, f"reading {data.source} data", None):
+    with console.terminal_bar(f"reading {data.source} data", None):
         corpus = read_corpus(data)
     for split in ("dev", "test"):
         if not getattr(corpus, split):
@@ -157,7 +154,7 @@ def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
         train = itertools.islice(train, data.max_train_pairs)
         total = min(total or data.max_train_pairs, data.max_train_pairs)
     text_filter = TextFilter(dedup=data.clean.dedup, heldout=corpus.dev + corpus.test)
-    with _progress(console, "cleaning training pairs", total) as advance:
+    with console.terminal_bar("cleaning training pairs", total) as advance:
         files.update(_write_pairs(out, "train.prefilter", data, text_filter(_counting(train, advance))))
     if not files[f"train.prefilter.{data.src_lang}"]["lines"]:
         raise DataError(f"no training pairs left after cleaning ({_counts_text(text_filter.counts)})")
@@ -214,7 +211,7 @@ def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, li
             path.unlink(missing_ok=True)
     models = {}
     for name, paths in jobs.items():
-        with _progress(console, f"SentencePiece {name}", None):
+        with console.terminal_bar(f"SentencePiece {name}", None):
             train_spm(_read_text(*paths), out / name, vocab.size, vocab.type, vocab.character_coverage,
                       vocab.input_sentence_size)
         models[name] = {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)}
@@ -240,7 +237,7 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
     lines = fetch["files"][f"train.prefilter.{data.src_lang}"]["lines"]
     workers = 1 if lines < Encoder.MIN_PARALLEL_LINES else (cfg.vocab.workers or os.cpu_count() or 1)
     tokens, pairs = {}, {}
-    with Encoder(workers) as encoder, _progress(console, "encoding", 2 * lines) as advance:
+    with Encoder(workers) as encoder, console.terminal_bar("encoding", 2 * lines) as advance:
         src, tgt = (encoder.encode(model, _read_text(out / f"train.prefilter.{lang}"), advance)
                     for model, lang in zip(models, langs))
     keep, counts = length_filter(src.lengths, tgt.lengths, clean.max_len, clean.max_ratio)
@@ -397,26 +394,3 @@ def _print_summary(console, manifest: dict, status: dict, out: Path) -> None:
 
 def _counts_text(counts: dict) -> str:
     return ", ".join(f"{name} {count:,}" for name, count in counts.items())
-
-
-@contextlib.contextmanager
-def _progress(console, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar (a pulsing one when ``total`` is None); yields ``advance(n)``.
-
-    Bars are for a person watching a terminal; a log file gets the summary table only.
-    """
-    if not console.is_terminal:
-        yield lambda n: None
-        return
-    progress = console.progress()
-    progress.start()
-    task = progress.add_task(description, total=total)
-    try:
-        yield lambda n: progress.advance(task, n)
-    except BaseException:
-        progress.live.transient = True  # the error is reported alone, without a half-drawn bar
-        progress.live.stop()
-        raise
-    if total is None:
-        progress.update(task, total=1, completed=1)
-    progress.stop()

@@ -1,29 +1,23 @@
 """The translation front end: text lines in, text lines out, always one for one, in order.
 
-Lines are read as bytes and decoded one by one (invalid UTF-8 names its line), encoded with
-the source SentencePiece model, sorted by length into token-budgeted batches, searched,
-put back in input order and detokenised. Empty and whitespace-only lines give empty
-translations without running the model; lines over the model's positions are truncated
-(one warning counts them). Input is streamed in chunks, and a file output is written
-atomically, so a failure leaves no partial file. stdout receives translations only.
+Lines are encoded with the source SentencePiece model, sorted by length into token-budgeted
+batches, searched by an engine, put back in input order and detokenised. Empty and
+whitespace-only lines give empty translations without running the model; lines over the
+model's positions are truncated (one warning counts them). Files and streams:
+``nmtkit/translation.py``.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from nmtkit.decoding.batching import pad_sources, token_batches
-from nmtkit.decoding.ensemble import EnsembleModel
-from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sample
-from nmtkit.device import resolve_device, resolve_dtype
-from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.files import atomic_open, decode_line, sha256_file
+from nmtkit.decoding.search import Hypothesis
+from nmtkit.decoding.torch_engine import TorchEngine
+from nmtkit.errors import ConfigError
 
-CHUNK_LINES = 10_000  # lines read, translated and written at a time
 # characters that would split an output line for some reader (tab separates fields)
 _LINE_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 
@@ -70,56 +64,17 @@ class TranslateOptions:
             raise ConfigError("; ".join(problems))
 
 
-def inference_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The dtype weights are cast to for translation: ``auto`` is bf16 on a CUDA device that
-    has it and float32 on CPU (where bf16 must be asked for)."""
-    if name == "auto" and device.type == "cpu":
-        return torch.float32
-    if name == "int8":  # float32 weights, then quantised (Translator)
-        if device.type != "cpu":
-            raise ConfigError("--dtype int8 runs on CPU only (use --device cpu)")
-        return torch.float32
-    return resolve_dtype(name, device)
-
-
-def load_models(model_dirs: Sequence[str], device: torch.device) -> list:
-    """Load model directories for translation; an ensemble must share both vocabularies."""
-    from nmtkit.models.store import load_model_dir
-
-    if not model_dirs:
-        raise ConfigError("no model given (-m MODEL_DIR)")
-    loaded = [load_model_dir(path, device=device) for path in model_dirs]
-    first = loaded[0]
-    for path, item in zip(model_dirs[1:], loaded[1:]):
-        for side in ("src_vocab", "tgt_vocab"):
-            if sha256_file(getattr(item, side).path) != sha256_file(getattr(first, side).path):
-                raise ConfigError(f"cannot ensemble {path} with {model_dirs[0]}: their "
-                                  f"{side.replace('_vocab', '')} SentencePiece models differ")
-    return loaded
-
-
 class Translator:
-    """Loaded models plus options; ``translate`` maps lines to output lines and counts
-    truncated inputs in ``truncated`` across calls (so a stream warns once). The models are
-    moved, in place, to ``options.device`` and ``options.dtype`` and set to eval mode."""
+    """Text lines to output lines, one for one, with any engine (``torch_engine.py`` says what
+    one offers): encodes, truncates to the engine's positions (counted in ``truncated``
+    across calls, so a stream warns once), batches by tokens, searches, restores the order
+    and formats. The caller chooses the engine."""
 
-    def __init__(self, loaded_models: Sequence, options: TranslateOptions) -> None:
-        if not loaded_models:
-            raise ConfigError("no model given (-m MODEL_DIR)")
-        self.device = resolve_device(options.device)
-        self.dtype = inference_dtype(options.dtype, self.device)
-        models = [item.model.to(device=self.device, dtype=self.dtype).eval() for item in loaded_models]
-        if options.dtype == "int8":
-            from nmtkit.models.quantize import quantize_int8
-
-            models = [quantize_int8(model) for model in models]
-        self.model = models[0] if len(models) == 1 else EnsembleModel(models)
-        self.max_positions = self.model.max_positions  # longer inputs are truncated
-        self.src_vocab, self.tgt_vocab = loaded_models[0].src_vocab, loaded_models[0].tgt_vocab
-        self.options = options
+    def __init__(self, engine, options: TranslateOptions) -> None:
+        self.engine, self.options = engine, options
+        self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
+        self.max_positions = engine.max_positions  # longer inputs are truncated
         self.truncated = 0
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(options.seed)
 
     def translate(self, lines: Sequence[str], first_index: int = 0,
                   progress: Optional[Callable[[int], None]] = None) -> list[str]:
@@ -131,9 +86,9 @@ class Translator:
         rows = opts.nbest if opts.sample else opts.beam_size
         for batch in token_batches([len(sources[i]) for i in todo], opts.batch_tokens, rows):
             positions = [todo[i] for i in batch]
-            src, src_mask = pad_sources([sources[i] for i in positions], self.device)
+            src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
             with torch.inference_mode():
-                for position, hyps in zip(positions, self.search(src, src_mask)):
+                for position, hyps in zip(positions, self.engine.search(src, src_mask)):
                     results[position] = hyps
             if progress is not None:
                 progress(len(positions))
@@ -149,17 +104,6 @@ class Translator:
             self.truncated += sum(len(ids) > limit for ids in sources)
             sources = [ids[:limit] for ids in sources]
         return sources
-
-    def search(self, src, src_mask) -> list[list[Hypothesis]]:
-        o = self.options
-        common = dict(lenpen=o.lenpen, max_len_a=o.max_len_a, max_len_b=o.max_len_b, min_len=o.min_len,
-                      need_attn=o.alignments)
-        if o.sample:
-            return sample(self.model, src, src_mask, topk=o.topk, topp=o.topp, temperature=o.temperature,
-                          nbest=o.nbest, generator=self.generator, **common)
-        if o.beam_size == 1:
-            return greedy_search(self.model, src, src_mask, **common)
-        return beam_search(self.model, src, src_mask, o.beam_size, nbest=o.nbest, **common)
 
     def format(self, index: int, hyps: Optional[list[Hypothesis]], src_pieces: int) -> str:
         """The output line(s) of input ``index``; empty inputs get an empty text, score 0."""
@@ -185,106 +129,16 @@ def alignment_pairs(hyp: Hypothesis, src_pieces: int) -> str:
 
 def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: TranslateOptions,
                     console=None) -> list[str]:
-    """Translate ``lines`` in memory with loaded models (``nmtkit.models.store.LoadedModel``);
+    """Translate ``lines`` in memory with loaded models (``nmtkit.modeldir.LoadedModel``);
     one string per line, in order. Warns on ``console`` if lines were truncated."""
     options.validate()
-    translator = Translator(loaded_models, options)
+    translator = Translator(TorchEngine(loaded_models, options), options)
     out = translator.translate(lines)
-    _warn_truncated(translator, console)
+    warn_truncated(translator, console)
     return out
 
 
-def _warn_truncated(translator: Translator, console) -> None:
+def warn_truncated(translator: Translator, console) -> None:
     if translator.truncated and console is not None:
         console.warn(f"{translator.truncated} input line(s) longer than the model's "
                      f"{translator.max_positions} positions were truncated")
-
-
-def read_chunks(handle: IO[bytes], name: str, errors: str, size: int = CHUNK_LINES) -> Iterator[list[str]]:
-    """Lines of a binary stream, decoded and stripped of \\n / \\r\\n, ``size`` at a time."""
-    chunk = []
-    for lineno, raw in enumerate(handle, 1):
-        chunk.append(decode_line(raw, name, lineno, errors))
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def count_lines(path: Path, errors: str) -> int:
-    """Lines in ``path``; in strict mode also fails fast on the first invalid UTF-8 line."""
-    total = 0
-    with open(path, "rb") as handle:
-        for total, raw in enumerate(handle, 1):
-            if errors == "strict":
-                decode_line(raw, str(path), total)
-    return total
-
-
-def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
-                   options: TranslateOptions, console) -> None:
-    """Translate a file (or stdin) to a file (atomically, with a progress bar) or stdout."""
-    options.validate()
-    if options.engine == "ctranslate2":
-        _translate_file_ct2(model_dirs, input_path, output_path, options, console)
-        return
-
-    def make_translator() -> Translator:
-        device = resolve_device(options.device)
-        inference_dtype(options.dtype, device)  # bad settings fail before the models load
-        translator = Translator(load_models(model_dirs, device), options)
-        dtype = "int8" if options.dtype == "int8" else str(translator.dtype).replace("torch.", "")
-        console.detail(f"translating on {device} in {dtype}")
-        return translator
-
-    run_file(make_translator, input_path, output_path, options, console)
-
-
-def run_file(make_translator: Callable[[], "Translator"], input_path: Optional[str | Path],
-             output_path: Optional[str | Path], options: TranslateOptions, console) -> None:
-    """The file/stdin I/O every engine shares: check the input, then build the translator
-    (``make_translator()``: anything with Translator's ``translate``, ``options``,
-    ``truncated`` and ``max_positions``) and stream lines through it."""
-    total = None
-    if input_path is not None:
-        input_path = Path(input_path)
-        if not input_path.is_file():
-            raise DataError(f"input file not found: {input_path}")
-        total = count_lines(input_path, options.errors)
-    translator = make_translator()
-    source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer
-    name = str(input_path) if input_path is not None else "<stdin>"
-    try:
-        if output_path is None:
-            _stream(translator, source, name, sys.stdout.buffer, None)
-        else:
-            with atomic_open(output_path, "wb") as out, console.progress() as bar:
-                task = bar.add_task("translating", total=total)
-                _stream(translator, source, name, out, lambda n: bar.advance(task, n))
-    finally:
-        if input_path is not None:
-            source.close()
-    _warn_truncated(translator, console)
-
-
-def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes],
-            progress: Optional[Callable[[int], None]]) -> None:
-    done = 0
-    for chunk in read_chunks(source, name, translator.options.errors):
-        lines = translator.translate(chunk, first_index=done, progress=progress)
-        out.write("".join(line + "\n" for line in lines).encode("utf-8"))
-        out.flush()
-        done += len(chunk)
-
-
-def _translate_file_ct2(model_dirs, input_path, output_path, options, console) -> None:
-    import importlib
-
-    try:
-        ct2_engine = importlib.import_module("nmtkit.decoding.ct2_engine")  # comes with `nmtkit export`
-    except ModuleNotFoundError as err:
-        if err.name != "nmtkit.decoding.ct2_engine":
-            raise
-        raise NmtkitError("engine ctranslate2 needs an exported model; see nmtkit export") from None
-    ct2_engine.translate_file(model_dirs, input_path, output_path, options, console)

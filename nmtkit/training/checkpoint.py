@@ -21,8 +21,8 @@ import torch
 
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.files import atomic_write_text, sha256_file
-from nmtkit.models.store import (CONFIG, WEIGHTS, read_meta, read_weights, save_model_dir, state_dict_for_save,
-                                 write_weights)
+from nmtkit.modeldir import (CONFIG, WEIGHTS, read_meta, read_weights, save_model_dir, state_dict_for_save,
+                             write_weights)
 
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -184,7 +184,7 @@ def tidy_run_dir(run_dir: Path) -> None:
 
 def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | Path] = None) -> Path:
     """Average the weights of the newest ``last`` checkpoints into a model directory."""
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     run_dir = Path(run_dir)
     dirs = checkpoint_dirs(run_dir)

@@ -1,16 +1,16 @@
 """The live training line: a rich progress bar on a terminal, plain log lines elsewhere."""
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class TrainProgress:
     def __init__(self, console, total: int, start: int, enabled: bool = True) -> None:
         self.console, self.enabled = console, enabled and console.verbosity >= 0
         self.live = self.enabled and console.is_terminal
-        self.progress = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                                 disable=not self.live)
+        self.progress = console.progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
+                                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                         TimeRemainingColumn(), disable=not self.live)
         self.task = self.progress.add_task("train", total=total, completed=start, info="")
 
     def __enter__(self):

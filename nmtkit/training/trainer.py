@@ -25,14 +25,15 @@ from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.device import autocast, resolve_device, resolve_dtype
 from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text, read_lines
+from nmtkit.modeldir import load_weights, save_model_dir, unique_state
 from nmtkit.models.build import build_model, parameter_table
-from nmtkit.models.store import load_weights, save_model_dir, unique_state
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
                                         save_checkpoint, tidy_run_dir)
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.validation import dev_bleu, dev_loss
+from nmtkit.workdir import RunDir, WorkDir
 
 
 class TrainingStopped(NmtkitError):
@@ -65,12 +66,8 @@ def _parse_record(line: str) -> Optional[dict]:
     return record if isinstance(record, dict) else None
 
 
-def run_dir_of(cfg: Config) -> Path:
-    return cfg.work_path / "train"
-
-
 def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
-    prepared = cfg.work_path / "prepared"
+    prepared = WorkDir.of(cfg).prepared
     src_name, tgt_name = spm_files(cfg.vocab.joint)
     src_path, tgt_path = prepared / src_name, prepared / tgt_name
     if not src_path.is_file():
@@ -147,7 +144,7 @@ def _check_resume(cfg: Config, run_dir: Path, console) -> None:
     """Refuse to resume with a different model; say which training settings changed."""
     import yaml
 
-    saved_path = run_dir / "config.yaml"
+    saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
         return
     try:
@@ -191,7 +188,7 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
-    run_dir = run_dir_of(cfg)
+    run_dir = WorkDir.of(cfg).run.path
     if restart and dist.is_main() and run_dir.exists():
         backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(run_dir, backup)
@@ -204,13 +201,13 @@ class Trainer:
     def __init__(self, cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir):
         self.cfg, self.console, self.device, self.dtype = cfg, console, device, dtype
         self.src_path, self.tgt_path, self.tgt_vocab, self.run_dir = src_path, tgt_path, tgt_vocab, run_dir
-        prepared = cfg.work_path / "prepared"
-        self.train_data = load_split(prepared / "train.npz")
-        self.dev = load_split(prepared / "dev.npz")
-        ref_path = prepared / f"dev.{cfg.data.tgt_lang}"
+        work = WorkDir.of(cfg)
+        self.train_data = load_split(work.ids("train"))
+        self.dev = load_split(work.ids("dev"))
+        ref_path = work.text("dev", cfg.data.tgt_lang)
         self.dev_refs = read_lines(ref_path) if ref_path.is_file() else []
         if len(self.train_data) == 0:
-            raise DataError(f"{prepared / 'train.npz'} holds no sentence pairs")
+            raise DataError(f"{work.ids('train')} holds no sentence pairs")
         self.model = model.to(device)
         self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
         m = cfg.model
@@ -220,7 +217,7 @@ class Trainer:
         self.state = TrainerState()
         self.ema: Optional[dict[str, torch.Tensor]] = None
         self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name}
-        self.metrics_path = run_dir / "metrics.jsonl"
+        self.metrics_path = RunDir(run_dir).metrics
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -234,7 +231,7 @@ class Trainer:
         if ck is None:
             if dist.is_main():
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                save_config(self.cfg, self.run_dir / "config.yaml")
+                save_config(self.cfg, RunDir(self.run_dir).config)
                 self.metrics_path.unlink(missing_ok=True)
             self._init_ema()
             return
@@ -249,7 +246,7 @@ class Trainer:
         if self.cfg.train.ema_decay > 0 and self.ema is None:
             self._init_ema()
         if dist.is_main():
-            save_config(self.cfg, self.run_dir / "config.yaml")
+            save_config(self.cfg, RunDir(self.run_dir).config)
             self._truncate_metrics(self.state.step)
         self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
 

@@ -145,7 +145,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     import json
 
     from nmtkit.device import resolve_device
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
 
     if fmt not in ("png", "json"):
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")

@@ -8,40 +8,17 @@ their own: their time is interpolated from the training lines around them.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
-from nmtkit.errors import ConfigError, DataError
+from nmtkit.errors import ConfigError
+from nmtkit.runlog import read_metrics
 from nmtkit.viz.figure import new_figure, save_figure
 
 # (record type, field, panel title)
 PANELS = (("train", "loss", "training loss"), ("valid", "dev_loss", "dev loss"),
           ("valid", "dev_bleu", "dev BLEU"), ("train", "lr", "learning rate"))
 X_AXES = ("step", "time")
-
-
-def metrics_path(run_dir: str | Path) -> Path:
-    """RUN_DIR/metrics.jsonl; a work directory (WORKDIR/train/metrics.jsonl) works too."""
-    run_dir = Path(run_dir)
-    for candidate in (run_dir / "metrics.jsonl", run_dir / "train" / "metrics.jsonl"):
-        if candidate.is_file():
-            return candidate
-    raise DataError(f"{run_dir}: no metrics.jsonl (give a training run directory, e.g. WORKDIR/train)")
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run, in order. A cut-off last line (a run still writing) is skipped."""
-    path = metrics_path(run_dir)
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise DataError(f"{path}:{number}: not a JSON record") from None
-    return records
 
 
 def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:

@@ -8,20 +8,9 @@ so ``prepare`` can tell cheaply whether its fetched copy is stale.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Iterable, Optional
 
-Pair = tuple[str, str]
-
-
-@dataclass
-class Corpus:
-    train: Iterable[Pair]
-    dev: list[Pair]
-    test: list[Pair]
-    provenance: dict = field(default_factory=dict)
-    train_size: Optional[int] = None  # number of training pairs when known up front (progress bars)
+from nmtkit.data.sources.corpus import Corpus
 
 
 def source_module(source: str) -> ModuleType:

@@ -11,7 +11,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator
 
-from nmtkit.data.sources import Corpus, Pair
+from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import decode_line, read_lines
 

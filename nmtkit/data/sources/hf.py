@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
-from nmtkit.data.sources import Corpus, Pair
+from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
 
 BATCH_ROWS = 10_000  # rows per arrow batch when streaming the training split

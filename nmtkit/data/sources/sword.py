@@ -26,7 +26,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from nmtkit.data.sources import Corpus, Pair
+from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.sources.osis import osis_to_text
 from nmtkit.errors import DataError
 

@@ -6,7 +6,8 @@
 
 The directory is written to a temporary sibling and renamed into place, so a reader
 never sees half of one. Loading verifies the checksum, so a truncated or corrupt file is a
-one-line ``CheckpointError`` naming it.
+one-line ``CheckpointError`` naming it. This module sits above both ``models`` (the
+architecture) and ``data`` (the vocabularies) so that neither has to import the other.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from nmtkit.errors import CheckpointError
+from nmtkit.workdir import RunDir, WorkDir
 
 TRANSFORMER_DIMS = ("d_model", "ffn_dim", "heads", "encoder_layers", "decoder_layers", "pre_norm", "norm", "ffn",
                     "tie_embeddings", "max_positions")
@@ -25,9 +26,9 @@ SCORES = ("dev_loss", "dev_ppl", "dev_bleu")
 def find_run_dir(model_dir: Path) -> Optional[Path]:
     """The training run a model directory belongs to, if it is inside one."""
     model_dir = model_dir.resolve()
-    for candidate in (model_dir.parent, model_dir.parent.parent):
-        if (candidate / "config.yaml").is_file() and (candidate / "metrics.jsonl").is_file():
-            return candidate
+    for candidate in (RunDir(model_dir.parent), RunDir(model_dir.parent.parent)):
+        if candidate.config.is_file() and candidate.metrics.is_file():
+            return candidate.path
     return None
 
 
@@ -48,7 +49,7 @@ def architecture(model: dict) -> dict:
 
 def training_summary(run_dir: Path) -> dict:
     """Steps, training time and the best dev scores of a run, from its metrics.jsonl."""
-    from nmtkit.viz.curves import read_metrics
+    from nmtkit.runlog import read_metrics
 
     records = read_metrics(run_dir)
     train = [r for r in records if r.get("type") == "train"]
@@ -99,7 +100,7 @@ def model_card(model_dir: str | Path) -> dict:
     import yaml
 
     from nmtkit.data.vocab import Vocab
-    from nmtkit.models.store import read_meta
+    from nmtkit.modeldir import read_meta
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -120,12 +121,13 @@ def model_card(model_dir: str | Path) -> dict:
     if run_dir is None:
         return card
     card["training"] = training_summary(run_dir)
-    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-    card["recipe"] = {"name": config.get("name", meta.get("recipe")), "config": str(run_dir / "config.yaml"),
+    run = RunDir(run_dir)
+    config = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
+    card["recipe"] = {"name": config.get("name", meta.get("recipe")), "config": str(run.config),
                       "settings": recipe_settings(config)}
-    manifest = run_dir.parent / "prepared" / "manifest.json"
+    manifest = run.workdir.manifest
     if not manifest.is_file() and config.get("workdir"):
-        manifest = Path(config["workdir"]) / "prepared" / "manifest.json"
+        manifest = WorkDir(Path(config["workdir"])).manifest
     if manifest.is_file():
         card["data"] = data_summary(manifest)
     return card

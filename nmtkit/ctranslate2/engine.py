@@ -1,9 +1,9 @@
 """``nmtkit translate --engine ctranslate2``: decode a model exported by ``nmtkit export``.
 
-Everything around the search is the torch engine's: lines are read, encoded, batched by
-tokens, put back in order and written by ``translate.py`` (one output line per input line,
-atomic files, truncation warned once); only the search runs in CTranslate2, on our own
-SentencePiece ids (as pieces, one to one with CTranslate2's vocabulary).
+Everything around the search is shared with the torch engine: lines are read, encoded,
+batched by tokens, put back in order and written by ``Translator`` and ``translation.py``
+(one output line per input line, atomic files, truncation warned once); only the search runs
+in CTranslate2, on our own SentencePiece ids (as pieces, one to one with its vocabulary).
 
 Differences from the torch engine, by CTranslate2's design:
 - beam search ranks finished hypotheses by logprob / L ** lenpen (L the pieces, EOS
@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
+from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
-from nmtkit.decoding.translate import TranslateOptions, Translator, run_file
 from nmtkit.errors import ConfigError
-from nmtkit.models.export_ct2 import META, import_ctranslate2
 from nmtkit.specials import BOS, EOS, PAD
 
 COMPUTE_TYPES = {"auto": "default", "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
@@ -60,12 +58,11 @@ def ct2_device(name: str) -> tuple[str, int]:
     return kind, int(index or 0)
 
 
-class CT2Translator(Translator):
-    """A ``Translator`` whose search runs in CTranslate2. It reuses the torch engine's
-    ``translate`` (batching, order), ``encode`` (truncation) and ``format``; it loads no
-    torch model, so it sets the attributes those use itself."""
+class CT2Engine:
+    """An exported model searched by CTranslate2: the engine ``Translator`` takes (see
+    ``decoding/torch_engine.py`` for what an engine offers)."""
 
-    def __init__(self, model_dir: str | Path, options: TranslateOptions) -> None:
+    def __init__(self, model_dir: str | Path, options) -> None:
         meta = read_export_meta(model_dir)
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
@@ -75,11 +72,11 @@ class CT2Translator(Translator):
         self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
                                           compute_type=COMPUTE_TYPES[options.dtype],
                                           intra_threads=torch.get_num_threads())
-        self.options, self.truncated, self.max_positions = options, 0, meta["max_positions"]
-        self.device = torch.device("cpu")  # where Translator.translate pads the source ids
+        self.options, self.max_positions = options, meta["max_positions"]
+        self.device = torch.device("cpu")  # where Translator pads the source ids
         self.src_vocab = Vocab(model_dir / meta["spm"]["src"])
         self.tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])
-        self.description = f"CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
+        self.description = f"with CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
         self.never = [[self.tgt_vocab.sp.IdToPiece(PAD)], [self.tgt_vocab.sp.IdToPiece(BOS)]]  # as our search
         if options.sample:
             ctranslate2.set_random_seed(options.seed)
@@ -127,17 +124,3 @@ class CT2Translator(Translator):
         if self.options.alignments:
             attention = torch.tensor(result.attention[k], dtype=torch.float32)[:len(tokens), :src_len]
         return Hypothesis(tokens, logprob / length_penalty(len(tokens), self.options.lenpen), logprob, attention)
-
-
-def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
-                   options: TranslateOptions, console) -> None:
-    """``translate_file`` of translate.py with the search in CTranslate2 (one exported model)."""
-    if len(model_dirs) != 1:
-        raise ConfigError("--engine ctranslate2 decodes one model (no ensembles); give one -m")
-
-    def make_translator() -> CT2Translator:
-        translator = CT2Translator(model_dirs[0], options)
-        console.detail(f"translating with {translator.description}")
-        return translator
-
-    run_file(make_translator, input_path, output_path, options, console)

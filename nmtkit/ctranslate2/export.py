@@ -5,7 +5,7 @@ The weights go straight from our modules into CTranslate2's Python spec
 
     OUT/model.bin, OUT/config.json, OUT/shared_vocabulary.json   CTranslate2's own files
     OUT/spm*.model                                               our SentencePiece model(s)
-    OUT/nmtkit.json                                              what our ct2 engine needs
+    OUT/nmtkit.json                                              what our CTranslate2 engine needs
 
 How our Transformer maps onto the spec:
 - post-norm (the paper) or pre-norm: the spec's ``pre_norm`` flag; pre-norm stacks end in
@@ -31,6 +31,7 @@ from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text
+from nmtkit.modeldir import load_model_dir
 
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 META = "nmtkit.json"  # our metadata beside CTranslate2's config.json
@@ -126,8 +127,6 @@ def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
 def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: Optional[str] = None) -> Path:
     """Write ``model_dir`` as a CTranslate2 model directory ``out_dir`` (atomically: a temp
     sibling renamed into place). ``quantization`` None keeps float32 weights."""
-    from nmtkit.models.store import load_model_dir
-
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     loaded = load_model_dir(model_dir)
