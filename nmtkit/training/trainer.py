@@ -208,6 +208,8 @@ class Trainer:
         self.dev_refs = read_lines(ref_path) if ref_path.is_file() else []
         if len(self.train_data) == 0:
             raise DataError(f"{work.ids('train')} holds no sentence pairs")
+        # sentence lengths, computed once: every update needs its batches' target tokens
+        self.src_lengths, self.tgt_lengths = self.train_data.src_lengths(), self.train_data.tgt_lengths()
         self.model = model.to(device)
         self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
         m = cfg.model
@@ -297,9 +299,8 @@ class Trainer:
         t = self.cfg.train
         per_update = dist.local_update_freq(t) * dist.world_size()
         epoch, skip = self.state.epoch, self.state.batch_in_epoch
-        src_lens, tgt_lens = self.train_data.src_lengths(), self.train_data.tgt_lengths()
         while True:
-            batches = make_batches(src_lens, tgt_lens, t.max_tokens, t.seed, epoch)
+            batches = make_batches(self.src_lengths, self.tgt_lengths, t.max_tokens, t.seed, epoch)
             if len(batches) < per_update:
                 raise ConfigError(f"an update takes {per_update} batches but an epoch has only {len(batches)}; "
                                   f"lower train.max_tokens or the batches per update")
@@ -315,7 +316,7 @@ class Trainer:
         update_freq = dist.local_update_freq(t)
         micro = dist.my_share(group, update_freq)
         batches = [collate(self.train_data, idx, self.max_len) for idx in micro]
-        total_tokens = sum(int(self.train_data.tgt_lengths()[idx].sum()) + len(idx) for idx in group)
+        total_tokens = sum(int(self.tgt_lengths[idx].sum()) + len(idx) for idx in group)
         scale = dist.world_size() / total_tokens  # DDP averages over ranks: undo it, normalise per token
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
