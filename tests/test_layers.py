@@ -17,7 +17,7 @@ LAYERS = (
     ("modeldir",),
     ("decoding",),
     ("training", "ctranslate2"),
-    ("viz", "card", "translation", "pipeline"),
+    ("viz", "card", "translation", "pipeline", "sweep"),
     ("cli",),
     ("__main__",),
 )

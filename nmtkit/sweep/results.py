@@ -17,6 +17,7 @@ from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED
 from nmtkit.sweep.runner import read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant
+from nmtkit.workdir import WorkDir
 
 RESAMPLES = 1000
 # (row key, markdown header, format)
@@ -66,7 +67,7 @@ def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
 
 def _training_figures(run_dir: Path) -> dict:
     """Final dev loss and median training speed (target tokens/s over the logged windows)."""
-    from nmtkit.viz.curves import read_metrics
+    from nmtkit.runlog import read_metrics
 
     try:
         records = read_metrics(run_dir)
@@ -86,13 +87,13 @@ def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
     if base_row["status"] != "done":
         return
     tgt = sweep.baseline.config.data.tgt_lang
-    refs = read_lines(base_dir / "prepared" / f"test.{tgt}")
-    base_hyps = read_lines(base_dir / "results" / "test.hyp")
+    refs = read_lines(WorkDir(base_dir).text("test", tgt))
+    base_hyps = read_lines(WorkDir(base_dir).results / "test.hyp")
     for row, variant in zip(rows[1:], sweep.variants[1:]):
         directory = sweep.variant_dir(variant.name)
         if row["status"] != "done":
             continue
-        if read_lines(directory / "prepared" / f"test.{variant.config.data.tgt_lang}") != refs:
+        if read_lines(WorkDir(directory).text("test", variant.config.data.tgt_lang)) != refs:
             row["p_value_note"] = "other test references than the baseline's: no p-value"
             continue
         result = paired_test(read_lines(directory / "results" / "test.hyp"), base_hyps, [refs], metrics=("bleu",),

@@ -32,6 +32,7 @@ from typing import Any
 
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
+from nmtkit.workdir import WorkDir
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid")
 VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
@@ -267,8 +268,8 @@ def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
         names = [v["name"] for v in json.loads(plan_path.read_text(encoding="utf-8"))["variants"]]
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`") from None
-    runs = [(name, variant_dir(Path(directory), name) / "train") for name in names]
-    runs = [(name, path) for name, path in runs if (path / "metrics.jsonl").is_file()]
+    runs = [(name, WorkDir(variant_dir(Path(directory), name)).run) for name in names]
+    runs = [(name, run.path) for name, run in runs if run.metrics.is_file()]
     if not runs:
         raise ConfigError(f"{directory}: no variant of this sweep has trained yet")
     return runs
