@@ -60,7 +60,7 @@ def torch_translator(cfg: dict, options):
     from nmtkit.decoding.torch_engine import TorchEngine, load_models
     from nmtkit.decoding.translate import Translator
 
-    return Translator(TorchEngine(load_models([cfg["model"]], torch.device(cfg["device"])), options), options)
+    return Translator(TorchEngine.from_loaded(load_models([cfg["model"]], torch.device(cfg["device"])), options), options)
 
 
 class MarianForced:

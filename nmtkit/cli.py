@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from nmtkit import __version__
+from nmtkit.decoding.options import TranslateOptions
 
 app = typer.Typer(
     name="nmtkit",
@@ -90,32 +91,34 @@ def train(
     run_train(cfg, _console(), restart=restart, dry_run=dry_run)
 
 
+_DEFAULTS = TranslateOptions()  # one home for every translate default: DecodeConfig and TranslateOptions
+
+
 @app.command()
 def translate(
     model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Source text file (default: stdin)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default: stdout)."),
-    beam_size: int = typer.Option(4, "--beam-size", "-b", min=1, help="Beam size (1: greedy)."),
-    lenpen: float = typer.Option(0.6, "--lenpen", help="GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs."),
-    max_len_a: float = typer.Option(1.0, "--max-len-a", help="Output length limit a*|x|+b: a."),
-    max_len_b: int = typer.Option(50, "--max-len-b", help="Output length limit a*|x|+b: b."),
-    min_len: int = typer.Option(1, "--min-len", help="Minimum output length in pieces (EOS blocked before)."),
-    nbest: int = typer.Option(1, "--nbest", min=1, help="Hypotheses per input line (tab-separated: index, score, text)."),
-    batch_tokens: int = typer.Option(6000, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
-    scores: bool = typer.Option(False, "--scores", help="Prefix each line with its score and a tab."),
-    alignments: bool = typer.Option(False, "--alignments", help="Append a tab and src-tgt attention argmax pairs (i-j)."),
-    sample: bool = typer.Option(False, "--sample", help="Sample instead of beam search (for back-translation)."),
-    topk: int = typer.Option(0, "--topk", help="Sampling: keep the k most likely pieces (0: all)."),
-    topp: float = typer.Option(1.0, "--topp", help="Sampling: nucleus probability mass."),
-    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
-    seed: int = typer.Option(1, "--seed", help="Random seed for sampling."),
-    errors: str = typer.Option("strict", "--errors", help="Invalid UTF-8 input: strict (error) or replace."),
-    engine: str = typer.Option("torch", "--engine", help="torch or ctranslate2 (an exported model)."),
+    beam_size: int = typer.Option(_DEFAULTS.beam_size, "--beam-size", "-b", min=1, help="Beam size (1: greedy)."),
+    lenpen: float = typer.Option(_DEFAULTS.lenpen, "--lenpen", help="GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs."),
+    max_len_a: float = typer.Option(_DEFAULTS.max_len_a, "--max-len-a", help="Output length limit a*|x|+b: a."),
+    max_len_b: int = typer.Option(_DEFAULTS.max_len_b, "--max-len-b", help="Output length limit a*|x|+b: b."),
+    min_len: int = typer.Option(_DEFAULTS.min_len, "--min-len", help="Minimum output length in pieces (EOS blocked before)."),
+    nbest: int = typer.Option(_DEFAULTS.nbest, "--nbest", min=1, help="Hypotheses per input line (tab-separated: index, score, text)."),
+    batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
+    device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
+    scores: bool = typer.Option(_DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab."),
+    alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and src-tgt attention argmax pairs (i-j)."),
+    sample: bool = typer.Option(_DEFAULTS.sample, "--sample", help="Sample instead of beam search (for back-translation)."),
+    topk: int = typer.Option(_DEFAULTS.topk, "--topk", help="Sampling: keep the k most likely pieces (0: all)."),
+    topp: float = typer.Option(_DEFAULTS.topp, "--topp", help="Sampling: nucleus probability mass."),
+    temperature: float = typer.Option(_DEFAULTS.temperature, "--temperature", help="Sampling temperature."),
+    seed: int = typer.Option(_DEFAULTS.seed, "--seed", help="Random seed for sampling."),
+    errors: str = typer.Option(_DEFAULTS.errors, "--errors", help="Invalid UTF-8 input: strict (error) or replace."),
+    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="torch or ctranslate2 (an exported model)."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order."""
-    from nmtkit.decoding.translate import TranslateOptions
     from nmtkit.translation import translate_file
 
     options = TranslateOptions(

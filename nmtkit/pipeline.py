@@ -45,13 +45,12 @@ def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_di
     """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp, which
     keeps the time the translation took, so a cached split still reports its decoding speed);
     ``meta`` is the model directory's config.json."""
-    from nmtkit.decoding.translate import TranslateOptions, translate_lines
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.decoding.translate import translate_lines
     from nmtkit.modeldir import load_model_dir
 
     sources = read_lines(WorkDir.of(cfg).text(split, cfg.data.src_lang))
-    d = cfg.decode
-    options = TranslateOptions(beam_size=d.beam_size, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
-                               min_len=d.min_len, batch_tokens=d.batch_tokens, device=cfg.train.device)
+    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device)  # one line each to score
     stamp = _stamp(meta["weights_sha256"], dataclasses.asdict(options), len(sources))
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
@@ -65,7 +64,7 @@ def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_di
     atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
     atomic_write_text(stamp_path, json.dumps({"stamp": stamp, "seconds": round(seconds, 3)}) + "\n")
     console.info(f"{split}: translated {len(sources)} sentences in {seconds:.1f}s "
-                 f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {d.beam_size})")
+                 f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {options.beam_size})")
     return hyps, seconds
 
 

@@ -80,6 +80,12 @@ class CT2Engine:
         self.never = [[self.tgt_vocab.sp.IdToPiece(PAD)], [self.tgt_vocab.sp.IdToPiece(BOS)]]  # as our search
         if options.sample:
             ctranslate2.set_random_seed(options.seed)
+        o = options  # the search settings, bound once (the length limit is per batch)
+        search = dict(sampling_topk=o.topk, sampling_topp=o.topp, sampling_temperature=o.temperature,
+                      beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
+        self.search_settings = dict(max_input_length=0, min_decoding_length=o.min_len, length_penalty=o.lenpen,
+                                    return_scores=True, return_end_token=True, suppress_sequences=self.never,
+                                    return_attention=o.alignments, **search)
 
     def search(self, src, src_mask) -> list[list[Hypothesis]]:
         o = self.options
@@ -89,12 +95,7 @@ class CT2Engine:
             return [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         per = o.nbest if o.sample else 1  # CTranslate2 samples one hypothesis per input: repeat inputs
         pieces = [self.src_vocab.pieces(seq) for seq in ids for _ in range(per)]
-        kwargs = dict(sampling_topk=o.topk, sampling_topp=o.topp, sampling_temperature=o.temperature,
-                      beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
-        results = self.ct2.translate_batch(
-            pieces, max_input_length=0, max_decoding_length=max(limits), min_decoding_length=o.min_len,
-            length_penalty=o.lenpen, return_scores=True, return_end_token=True, suppress_sequences=self.never,
-            return_attention=o.alignments, **kwargs)
+        results = self.ct2.translate_batch(pieces, max_decoding_length=max(limits), **self.search_settings)
         out = [[self._hypothesis(result, k, limit, len(ids[b]))
                 for result in results[b * per:(b + 1) * per] for k in range(len(result.hypotheses))]
                for b, limit in enumerate(limits)]

@@ -25,10 +25,12 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from nmtkit.config import DecodeConfig
 from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
+DEFAULTS = DecodeConfig()  # the one home of the decode settings' defaults
 
 
 @dataclass
@@ -144,8 +146,9 @@ def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @torch.inference_mode()
-def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = 0.6,
-                max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 1, nbest: int = 1,
+def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DEFAULTS.lenpen,
+                max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
+                min_len: int = DEFAULTS.min_len, nbest: int = DEFAULTS.nbest,
                 need_attn: bool = False) -> list[list[Hypothesis]]:
     """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
 
@@ -208,8 +211,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
 
 @torch.inference_mode()
 def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Callable[[Tensor], Tensor],
-                      rows_per_sentence: int = 1, lenpen: float = 0.6, max_len_a: float = 1.0,
-                      max_len_b: int = 50, min_len: int = 1, need_attn: bool = False) -> list[list[Hypothesis]]:
+                      rows_per_sentence: int, lenpen: float, max_len_a: float, max_len_b: int, min_len: int,
+                      need_attn: bool) -> list[list[Hypothesis]]:
     """Extend each of ``rows_per_sentence`` rows per sentence by ``choose(lprobs [rows, V]) -> [rows]``
     until EOS; no reordering. Greedy and sampling are this loop with different choices."""
     batch, src_len = src.shape
@@ -258,8 +261,9 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
     return results
 
 
-def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = 0.6, max_len_a: float = 1.0,
-                  max_len_b: int = 50, min_len: int = 1, need_attn: bool = False) -> list[list[Hypothesis]]:
+def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = DEFAULTS.lenpen,
+                  max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
+                  min_len: int = DEFAULTS.min_len, need_attn: bool = False) -> list[list[Hypothesis]]:
     """The most likely piece at every step (identical tokens to beam_search with beam 1)."""
     return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, lenpen, max_len_a,
                              max_len_b, min_len, need_attn)
@@ -287,8 +291,9 @@ def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0
 
 
 def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: int = 0, topp: float = 1.0,
-           temperature: float = 1.0, nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.0,
-           max_len_b: int = 50, min_len: int = 1, need_attn: bool = False,
+           temperature: float = 1.0, nbest: int = DEFAULTS.nbest, lenpen: float = DEFAULTS.lenpen,
+           max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
+           min_len: int = DEFAULTS.min_len, need_attn: bool = False,
            generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
     """``nbest`` independent samples per sentence (best score first), reproducible under
     ``seed`` (or a caller's ``generator``, on src's device, for a stream over many batches).

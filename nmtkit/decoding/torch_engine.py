@@ -8,7 +8,8 @@ engine (``nmtkit/ctranslate2/engine.py``) offers the same.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence
 
 import torch
 
@@ -17,6 +18,7 @@ from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sampl
 from nmtkit.device import resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
 from nmtkit.files import sha256_file
+from nmtkit.models.base import Seq2Seq
 
 
 def inference_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -48,42 +50,55 @@ def load_models(model_dirs: Sequence[str], device: torch.device) -> list:
 
 
 class TorchEngine:
-    """Loaded models (``nmtkit.modeldir.LoadedModel``) moved, in place, to ``options.device``
-    and ``options.dtype``, set to eval mode, and searched as the options say."""
+    """A model in eval mode on ``device``, searched as the options say. ``from_loaded`` and
+    ``open`` make one for translation; validation during training makes one around the live
+    model, so dev BLEU decodes exactly as ``nmtkit translate`` does."""
 
-    def __init__(self, loaded_models: Sequence, options) -> None:
+    def __init__(self, model: Seq2Seq, src_vocab, tgt_vocab, options, device: torch.device,
+                 description: str = "") -> None:
+        self.model, self.src_vocab, self.tgt_vocab = model.eval(), src_vocab, tgt_vocab
+        self.options, self.device, self.description = options, device, description
+        self.max_positions = model.max_positions
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(options.seed)
+        self.bound_search = bind_search(options, self.generator)
+
+    @classmethod
+    def from_loaded(cls, loaded_models: Sequence, options) -> "TorchEngine":
+        """Loaded models (``nmtkit.modeldir.LoadedModel``; an ensemble when several) moved, in
+        place, to ``options.device`` and ``options.dtype``."""
         if not loaded_models:
             raise ConfigError("no model given (-m MODEL_DIR)")
-        self.device = resolve_device(options.device)
-        self.dtype = inference_dtype(options.dtype, self.device)
-        models = [item.model.to(device=self.device, dtype=self.dtype).eval() for item in loaded_models]
+        device = resolve_device(options.device)
+        dtype = inference_dtype(options.dtype, device)
+        models = [item.model.to(device=device, dtype=dtype) for item in loaded_models]
         if options.dtype == "int8":
             from nmtkit.models.quantize import quantize_int8
 
-            models = [quantize_int8(model) for model in models]
-        self.model = models[0] if len(models) == 1 else EnsembleModel(models)
-        self.max_positions = self.model.max_positions
-        self.src_vocab, self.tgt_vocab = loaded_models[0].src_vocab, loaded_models[0].tgt_vocab
-        self.options = options
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(options.seed)
-        dtype = "int8" if options.dtype == "int8" else str(self.dtype).replace("torch.", "")
-        self.description = f"on {self.device} in {dtype}"
+            models = [quantize_int8(model.eval()) for model in models]
+        shown = "int8" if options.dtype == "int8" else str(dtype).replace("torch.", "")
+        return cls(models[0] if len(models) == 1 else EnsembleModel(models), loaded_models[0].src_vocab,
+                   loaded_models[0].tgt_vocab, options, device, f"on {device} in {shown}")
 
     @classmethod
     def open(cls, model_dirs: Sequence[str], options) -> "TorchEngine":
-        """Load ``model_dirs`` (on the CPU: the constructor moves them once); bad device or
+        """Load ``model_dirs`` (on the CPU: ``from_loaded`` moves them once); bad device or
         dtype settings fail before any model loads."""
         inference_dtype(options.dtype, resolve_device(options.device))
-        return cls(load_models(model_dirs, torch.device("cpu")), options)
+        return cls.from_loaded(load_models(model_dirs, torch.device("cpu")), options)
 
     def search(self, src, src_mask) -> list[list[Hypothesis]]:
-        o = self.options
-        common = dict(lenpen=o.lenpen, max_len_a=o.max_len_a, max_len_b=o.max_len_b, min_len=o.min_len,
-                      need_attn=o.alignments)
-        if o.sample:
-            return sample(self.model, src, src_mask, topk=o.topk, topp=o.topp, temperature=o.temperature,
-                          nbest=o.nbest, generator=self.generator, **common)
-        if o.beam_size == 1:
-            return greedy_search(self.model, src, src_mask, **common)
-        return beam_search(self.model, src, src_mask, o.beam_size, nbest=o.nbest, **common)
+        return self.bound_search(self.model, src, src_mask)
+
+
+def bind_search(o, generator: torch.Generator) -> Callable[..., list[list[Hypothesis]]]:
+    """The search ``o`` (TranslateOptions) asks for, with all its settings bound once:
+    ``search(model, src, src_mask)``."""
+    common = dict(lenpen=o.lenpen, max_len_a=o.max_len_a, max_len_b=o.max_len_b, min_len=o.min_len,
+                  need_attn=o.alignments)
+    if o.sample:
+        return functools.partial(sample, topk=o.topk, topp=o.topp, temperature=o.temperature, nbest=o.nbest,
+                                 generator=generator, **common)
+    if o.beam_size == 1:
+        return functools.partial(greedy_search, **common)
+    return functools.partial(beam_search, beam_size=o.beam_size, nbest=o.nbest, **common)

@@ -8,60 +8,17 @@ model's positions are truncated (one warning counts them). Files and streams:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from nmtkit.decoding.batching import pad_sources, token_batches
+from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.torch_engine import TorchEngine
-from nmtkit.errors import ConfigError
 
 # characters that would split an output line for some reader (tab separates fields)
 _LINE_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
-
-
-@dataclass
-class TranslateOptions:
-    beam_size: int = 4
-    lenpen: float = 0.6  # GNMT alpha; 0 ranks by raw log-probability, larger favours longer outputs
-    max_len_a: float = 1.0  # output limit a * |x| + b pieces
-    max_len_b: int = 50
-    min_len: int = 1
-    nbest: int = 1  # > 1: "index \t score \t text" lines, best first
-    batch_tokens: int = 6000  # source pieces x beam (or samples) per batch
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: Linear layers quantised dynamically)
-    scores: bool = False  # prefix "score \t"
-    alignments: bool = False  # append "\t i-j ..." (source piece i, target piece j)
-    sample: bool = False  # sample instead of beam search
-    topk: int = 0
-    topp: float = 1.0
-    temperature: float = 1.0
-    seed: int = 1
-    errors: str = "strict"  # invalid UTF-8: strict (error) | replace
-    engine: str = "torch"  # torch | ctranslate2
-
-    def validate(self) -> None:
-        """Raise ConfigError for settings a user can get wrong."""
-        problems = []
-        if self.engine not in ("torch", "ctranslate2"):
-            problems.append(f"--engine must be torch or ctranslate2, not {self.engine!r}")
-        if self.errors not in ("strict", "replace"):
-            problems.append(f"--errors must be strict or replace, not {self.errors!r}")
-        if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
-            problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
-        if self.beam_size < 1 or self.nbest < 1 or self.batch_tokens < 1:
-            problems.append("--beam-size, --nbest and --batch-tokens must be at least 1")
-        if not self.sample and self.nbest > self.beam_size:
-            problems.append(f"--nbest {self.nbest} needs --beam-size >= {self.nbest}")
-        if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
-            problems.append("--min-len, --max-len-a and --max-len-b must not be negative")
-        if self.sample and (self.temperature <= 0 or not 0 < self.topp <= 1 or self.topk < 0):
-            problems.append("sampling needs --temperature > 0, 0 < --topp <= 1 and --topk >= 0")
-        if problems:
-            raise ConfigError("; ".join(problems))
 
 
 class Translator:
@@ -132,7 +89,7 @@ def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: Tran
     """Translate ``lines`` in memory with loaded models (``nmtkit.modeldir.LoadedModel``);
     one string per line, in order. Warns on ``console`` if lines were truncated."""
     options.validate()
-    translator = Translator(TorchEngine(loaded_models, options), options)
+    translator = Translator(TorchEngine.from_loaded(loaded_models, options), options)
     out = translator.translate(lines)
     warn_truncated(translator, console)
     return out

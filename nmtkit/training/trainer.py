@@ -22,6 +22,7 @@ from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
 from nmtkit.data.vocab import Vocab, spm_files
+from nmtkit.decoding.options import TranslateOptions
 from nmtkit.device import autocast, resolve_device, resolve_dtype
 from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text, read_lines
@@ -200,12 +201,13 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
 class Trainer:
     def __init__(self, cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir):
         self.cfg, self.console, self.device, self.dtype = cfg, console, device, dtype
-        self.src_path, self.tgt_path, self.tgt_vocab, self.run_dir = src_path, tgt_path, tgt_vocab, run_dir
+        self.src_path, self.tgt_path, self.run_dir = src_path, tgt_path, run_dir
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         work = WorkDir.of(cfg)
         self.train_data = load_split(work.ids("train"))
         self.dev = load_split(work.ids("dev"))
-        ref_path = work.text("dev", cfg.data.tgt_lang)
-        self.dev_refs = read_lines(ref_path) if ref_path.is_file() else []
+        texts = work.text("dev", cfg.data.src_lang), work.text("dev", cfg.data.tgt_lang)
+        self.dev_sources, self.dev_refs = (read_lines(p) if p.is_file() else [] for p in texts)
         if len(self.train_data) == 0:
             raise DataError(f"{work.ids('train')} holds no sentence pairs")
         # sentence lengths, computed once: every update needs its batches' target tokens
@@ -364,7 +366,7 @@ class Trainer:
                               f"raise the limit or use --restart to train more")
             return self.run_dir
         if dist.is_main():
-            print_summary(self.console, self.model, self.cfg, (len(Vocab(self.src_path)), len(self.tgt_vocab)),
+            print_summary(self.console, self.model, self.cfg, (len(self.src_vocab), len(self.tgt_vocab)),
                           self.device, self.dtype)
         with _StopFlag() as stop:
             reason = self._loop(stop)
@@ -467,9 +469,11 @@ class Trainer:
         swapped = self._swap_ema()
         try:
             scores = dev_loss(self.model, self.dev, t.max_tokens, self.device, self.dtype, self.max_len)
-            if t.best_metric == "bleu" and self.dev_refs:
-                scores.update(dev_bleu(self.model, self.dev, self.dev_refs, self.tgt_vocab, self.device, self.dtype,
-                                       t.dev_bleu_beam, cfg.decode, t.dev_bleu_max_sentences, self.max_len))
+            if t.best_metric == "bleu" and self.dev_refs and self.dev_sources:
+                # the recipe's decode settings at the dev beam, one hypothesis per sentence
+                options = TranslateOptions.from_decode(cfg.decode, beam_size=t.dev_bleu_beam, nbest=1)
+                scores.update(dev_bleu(self.model, self.dev_sources, self.dev_refs, self.src_vocab, self.tgt_vocab,
+                                       self.device, self.dtype, options, t.dev_bleu_max_sentences))
         finally:
             if swapped is not None:
                 self.model.load_state_dict(swapped)
