@@ -2,5 +2,6 @@
 
     spec.py       the sweep file: base recipe, named variants, grids; every config built up front
     runner.py     each variant as a child `nmtkit run`, shared prepares, skip and resume, --dry-run
+    record.py     a variant's sweep-run.json: status, config digest, peak RSS
     results.py    results.json / results.md: scores, speed, size, memory, p-values against the baseline
 """

@@ -15,7 +15,7 @@ from typing import Any
 from nmtkit.errors import DataError
 from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED
-from nmtkit.sweep.runner import read_record, variant_status
+from nmtkit.sweep.record import read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir
 

@@ -28,9 +28,9 @@ from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, exclusive
+from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
 
-RECORD = "sweep-run.json"
 STOPPED_CODES = (130, 143)  # the child was interrupted (SIGINT / SIGTERM) and saved a checkpoint
 
 try:  # loaded here, not in the forked child: the child only calls prctl, it imports nothing
@@ -80,25 +80,6 @@ def _counts(variant: Variant) -> dict[str, int]:
 
     cfg = variant.config
     return parameter_counts(cfg.model, cfg.vocab.size, cfg.vocab.size)  # SentencePiece fills vocab.size exactly
-
-
-def read_record(variant_dir: Path) -> dict:
-    try:
-        record = json.loads((variant_dir / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def variant_status(sweep: Sweep, variant: Variant) -> str:
-    """done / failed / stopped as the last session left it, or pending (never run, or run with
-    other settings than the sweep file's now)."""
-    record = read_record(sweep.variant_dir(variant.name))
-    if record.get("config") != variant.config_key:
-        return "pending"
-    if record.get("status") == "done" and not (sweep.variant_dir(variant.name) / "results" / "results.json").is_file():
-        return "pending"
-    return record.get("status", "pending")
 
 
 def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[str, int]:

@@ -1,0 +1,30 @@
+"""A variant's record, VARIANT_DIR/sweep-run.json: what its last session left (status, config
+digest, peak RSS). Read by the runner (what to skip) and the results table, written by the runner.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nmtkit.sweep.spec import Sweep, Variant
+
+RECORD = "sweep-run.json"
+
+
+def read_record(variant_dir: Path) -> dict:
+    try:
+        record = json.loads((variant_dir / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def variant_status(sweep: Sweep, variant: Variant) -> str:
+    """done / failed / stopped as the last session left it, or pending (never run, or run with
+    other settings than the sweep file's now)."""
+    record = read_record(sweep.variant_dir(variant.name))
+    if record.get("config") != variant.config_key:
+        return "pending"
+    if record.get("status") == "done" and not (sweep.variant_dir(variant.name) / "results" / "results.json").is_file():
+        return "pending"
+    return record.get("status", "pending")
