@@ -4,5 +4,6 @@
     ensemble.py      EnsembleModel: several models behind the same contract
     batching.py      length-sorted, token-budgeted inference batches
     torch_engine.py  TorchEngine: loaded models on a device and dtype, searched with search.py
-    translate.py     TranslateOptions, Translator(engine, options), translate_lines (lines in, lines out)
+    options.py       TranslateOptions: DecodeConfig plus per-call settings (no torch)
+    translate.py     Translator(engine, options), translate_lines (lines in, lines out)
 """
