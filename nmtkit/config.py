@@ -84,6 +84,30 @@ class ModelConfig:
     attention: Literal["bahdanau", "luong-dot", "luong-general", "none"] = "bahdanau"
     input_feed: bool = True
 
+    @property
+    def width(self) -> int:
+        """The model dimension (the noam schedule scales its rate by width ** -0.5)."""
+        return self.d_model if self.arch == "transformer" else self.hidden_dim
+
+
+# the model keys only one architecture reads; every other key is shared (tests/test_config_arch.py)
+ARCH_KEYS: dict[str, tuple[str, ...]] = {
+    "transformer": ("preset", "d_model", "ffn_dim", "heads", "attention_dropout", "activation_dropout", "pre_norm",
+                    "norm", "ffn", "max_positions"),
+    "rnn": ("cell", "embed_dim", "hidden_dim", "bidirectional", "merge", "attention", "input_feed"),
+}
+
+
+def _check_arch_keys(model: ModelConfig) -> None:
+    """A key of the other architecture would be silently ignored: name where it belongs. Keys left
+    at their defaults pass, so a saved config (which lists every key) loads again."""
+    defaults = ModelConfig()
+    for arch, keys in ARCH_KEYS.items():
+        for key in keys:
+            if arch != model.arch and getattr(model, key) != getattr(defaults, key):
+                raise ConfigError(f"model.{key} is a setting of model.arch={arch}, but this model is "
+                                  f"model.arch={model.arch}; remove it (or set model.arch: {arch})")
+
 
 @dataclass
 class TrainConfig:
@@ -295,6 +319,7 @@ def validate(cfg: Config) -> Config:
         if m.preset not in PRESETS:
             raise ConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}")
     _check_ranges(cfg)
+    _check_arch_keys(m)
     if m.arch == "transformer" and m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
     if m.tie_embeddings == "all" and not cfg.vocab.joint:

@@ -214,8 +214,7 @@ class Trainer:
         self.src_lengths, self.tgt_lengths = self.train_data.src_lengths(), self.train_data.tgt_lengths()
         self.model = model.to(device)
         self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
-        m = cfg.model
-        self.model_dim = m.d_model if m.arch == "transformer" else m.hidden_dim  # the noam schedule's d_model
+        self.model_dim = cfg.model.width  # the noam schedule's d_model
         self.max_len = getattr(model, "max_positions", None)
         self.optimizer = make_optimizer(self.model, cfg, device)
         self.state = TrainerState()
