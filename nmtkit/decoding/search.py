@@ -30,7 +30,7 @@ from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
-DEFAULTS = DecodeConfig()  # the one home of the decode settings' defaults
+DECODE = DecodeConfig()  # the decode settings' defaults have one home: config.DecodeConfig
 
 
 @dataclass
@@ -146,10 +146,9 @@ def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @torch.inference_mode()
-def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DEFAULTS.lenpen,
-                max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
-                min_len: int = DEFAULTS.min_len, nbest: int = DEFAULTS.nbest,
-                need_attn: bool = False) -> list[list[Hypothesis]]:
+def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DECODE.lenpen,
+                max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b, min_len: int = DECODE.min_len,
+                nbest: int = DECODE.nbest, need_attn: bool = False) -> list[list[Hypothesis]]:
     """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
 
     All sentences and beams advance together as ``B * beam`` decoder rows. Each step takes
@@ -261,9 +260,9 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
     return results
 
 
-def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = DEFAULTS.lenpen,
-                  max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
-                  min_len: int = DEFAULTS.min_len, need_attn: bool = False) -> list[list[Hypothesis]]:
+def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = DECODE.lenpen,
+                  max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
+                  min_len: int = DECODE.min_len, need_attn: bool = False) -> list[list[Hypothesis]]:
     """The most likely piece at every step (identical tokens to beam_search with beam 1)."""
     return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, lenpen, max_len_a,
                              max_len_b, min_len, need_attn)
@@ -291,9 +290,9 @@ def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0
 
 
 def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: int = 0, topp: float = 1.0,
-           temperature: float = 1.0, nbest: int = DEFAULTS.nbest, lenpen: float = DEFAULTS.lenpen,
-           max_len_a: float = DEFAULTS.max_len_a, max_len_b: int = DEFAULTS.max_len_b,
-           min_len: int = DEFAULTS.min_len, need_attn: bool = False,
+           temperature: float = 1.0, nbest: int = DECODE.nbest, lenpen: float = DECODE.lenpen,
+           max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
+           min_len: int = DECODE.min_len, need_attn: bool = False,
            generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
     """``nbest`` independent samples per sentence (best score first), reproducible under
     ``seed`` (or a caller's ``generator``, on src's device, for a stream over many batches).
