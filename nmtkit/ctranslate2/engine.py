@@ -20,6 +20,7 @@ Differences from the torch engine, by CTranslate2's design:
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -80,12 +81,21 @@ class CT2Engine:
         self.never = [[self.tgt_vocab.sp.IdToPiece(PAD)], [self.tgt_vocab.sp.IdToPiece(BOS)]]  # as our search
         if options.sample:
             ctranslate2.set_random_seed(options.seed)
-        o = options  # the search settings, bound once (the length limit is per batch)
+        self.search_settings = self.bind(options)
+
+    def bind(self, o) -> dict:
+        """The search settings of options ``o``, bound once (the length limit is per batch)."""
         search = dict(sampling_topk=o.topk, sampling_topp=o.topp, sampling_temperature=o.temperature,
                       beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
-        self.search_settings = dict(max_input_length=0, min_decoding_length=o.min_len, length_penalty=o.lenpen,
-                                    return_scores=True, return_end_token=True, suppress_sequences=self.never,
-                                    return_attention=o.alignments, **search)
+        return dict(max_input_length=0, min_decoding_length=o.min_len, length_penalty=o.lenpen,
+                    return_scores=True, return_end_token=True, suppress_sequences=self.never,
+                    return_attention=o.alignments, **search)
+
+    def with_options(self, options) -> "CT2Engine":
+        """The same loaded model searched with other decode settings (device and compute type stay)."""
+        other = copy.copy(self)
+        other.options, other.search_settings = options, self.bind(options)
+        return other
 
     def search(self, src, src_mask) -> list[list[Hypothesis]]:
         o = self.options

@@ -3,8 +3,10 @@ on the options' device and dtype, searched with ``search.py``.
 
 An engine is what ``Translator`` needs besides its options: ``src_vocab``, ``tgt_vocab``,
 ``max_positions`` (longer inputs are truncated), ``device`` (where source ids are padded),
-``description`` (one line for the console) and ``search(src, src_mask)``. The CTranslate2
-engine (``nmtkit/ctranslate2/engine.py``) offers the same.
+``description`` (one line for the console), ``search(src, src_mask)`` and
+``with_options(options)`` (the same loaded model under other decode settings, for a server
+whose requests choose them). The CTranslate2 engine (``nmtkit/ctranslate2/engine.py``)
+offers the same.
 """
 from __future__ import annotations
 
@@ -86,6 +88,10 @@ class TorchEngine:
         dtype settings fail before any model loads."""
         inference_dtype(options.dtype, resolve_device(options.device))
         return cls.from_loaded(load_models(model_dirs, torch.device("cpu")), options)
+
+    def with_options(self, options) -> "TorchEngine":
+        """The same model (device, dtype, weights shared) searched with other decode settings."""
+        return TorchEngine(self.model, self.src_vocab, self.tgt_vocab, options, self.device, self.description)
 
     def search(self, src, src_mask) -> list[list[Hypothesis]]:
         return self.bound_search(self.model, src, src_mask)

@@ -36,6 +36,13 @@ class Translator:
     def translate(self, lines: Sequence[str], first_index: int = 0,
                   progress: Optional[Callable[[int], None]] = None) -> list[str]:
         """One output string per line (with nbest > 1 it holds nbest lines joined by newlines)."""
+        sources, results = self.hypotheses(lines, progress)
+        return [self.format(first_index + i, results[i], len(sources[i])) for i in range(len(lines))]
+
+    def hypotheses(self, lines: Sequence[str], progress: Optional[Callable[[int], None]] = None
+                   ) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+        """Source ids and best-first hypotheses of every line, in input order (a blank line
+        gets one empty hypothesis of score 0 without running the model)."""
         opts = self.options
         sources = self.encode(lines)
         todo = [i for i, ids in enumerate(sources) if ids]
@@ -51,7 +58,7 @@ class Translator:
                 progress(len(positions))
         if progress is not None and len(lines) > len(todo):
             progress(len(lines) - len(todo))  # empty lines count as done
-        return [self.format(first_index + i, results.get(i), len(sources[i])) for i in range(len(lines))]
+        return sources, [results.get(i) or [Hypothesis([], 0.0, 0.0)] for i in range(len(lines))]
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids per line ([] for blank lines), cut to the model's positions."""
@@ -62,18 +69,22 @@ class Translator:
             sources = [ids[:limit] for ids in sources]
         return sources
 
-    def format(self, index: int, hyps: Optional[list[Hypothesis]], src_pieces: int) -> str:
-        """The output line(s) of input ``index``; empty inputs get an empty text, score 0."""
+    def format(self, index: int, hyps: list[Hypothesis], src_pieces: int) -> str:
+        """The output line(s) of input ``index``."""
         o = self.options
         fields = []
-        for hyp in hyps or [Hypothesis([], 0.0, 0.0)]:
-            text = self.tgt_vocab.decode(hyp.tokens).translate(_LINE_BREAKS)
+        for hyp in hyps:
+            text = self.text(hyp)
             columns = [str(index), f"{hyp.score:.4f}", text] if o.nbest > 1 else \
                 [f"{hyp.score:.4f}", text] if o.scores else [text]
             if o.alignments:
                 columns.append(alignment_pairs(hyp, src_pieces))
             fields.append("\t".join(columns))
         return "\n".join(fields)
+
+    def text(self, hyp: Hypothesis) -> str:
+        """A hypothesis detokenised as one line (no tabs or line breaks)."""
+        return self.tgt_vocab.decode(hyp.tokens).translate(_LINE_BREAKS)
 
 
 def alignment_pairs(hyp: Hypothesis, src_pieces: int) -> str:
