@@ -4,8 +4,9 @@ From the model directory alone: architecture and dims, parameters, vocabularies,
 the step it was saved at and the dev scores it was saved with. When it sits in a training
 run (RUN_DIR/best, RUN_DIR/averaged, RUN_DIR/checkpoints/step_N), also: the recipe
 (RUN_DIR/config.yaml), the run's steps, time and best dev scores (RUN_DIR/metrics.jsonl),
-and the data (WORKDIR/prepared/manifest.json). Parts that cannot be found are left out.
-No weights are loaded.
+and the data (WORKDIR/prepared/manifest.json). A CTranslate2 export (``nmtkit export``)
+gets its source model's card plus how it was exported. Parts that cannot be found are left
+out. No weights are loaded.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from nmtkit.ctranslate2.export import META as EXPORT_META
 from nmtkit.errors import CheckpointError
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -99,24 +101,15 @@ def model_card(model_dir: str | Path) -> dict:
     """Everything ``nmtkit info`` shows, as one JSON-ready dict."""
     import yaml
 
-    from nmtkit.data.vocab import Vocab
     from nmtkit.modeldir import read_meta
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"model directory not found: {model_dir}")
+    if (model_dir / EXPORT_META).is_file():
+        return export_card(model_dir)
     meta = read_meta(model_dir)
-    spm = meta.get("spm", {})
-    card: dict[str, Any] = {
-        "model_dir": str(model_dir),
-        "architecture": architecture(meta["model"]),
-        "parameters": meta.get("parameters"),
-        "vocabulary": {"source": len(Vocab(model_dir / spm["src"])), "target": len(Vocab(model_dir / spm["tgt"])),
-                       "joint": spm["src"] == spm["tgt"]},
-        "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
-        "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
-        "nmtkit_version": meta.get("nmtkit_version"),
-    }
+    card = basic_card(model_dir, meta)
     run_dir = find_run_dir(model_dir)
     if run_dir is None:
         return card
@@ -133,8 +126,37 @@ def model_card(model_dir: str | Path) -> dict:
     return card
 
 
-def print_card(card: dict) -> None:
-    """The card as a rich table on stdout (colours only on a terminal)."""
+def basic_card(model_dir: Path, meta: dict) -> dict:
+    """What a model's own metadata (config.json, or an export's nmtkit.json) tells."""
+    from nmtkit.data.vocab import Vocab
+
+    spm = meta.get("spm", {})
+    return {
+        "model_dir": str(model_dir),
+        "architecture": architecture(meta["model"]),
+        "parameters": meta.get("parameters"),
+        "vocabulary": {"source": len(Vocab(model_dir / spm["src"])), "target": len(Vocab(model_dir / spm["tgt"])),
+                       "joint": spm["src"] == spm["tgt"]},
+        "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
+        "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
+        "nmtkit_version": meta.get("nmtkit_version"),
+    }
+
+
+def export_card(export_dir: Path) -> dict:
+    """A CTranslate2 export's card: its source model's (training, data, recipe) while that
+    directory exists, else what the export's metadata tells; plus how it was exported."""
+    meta = json.loads((export_dir / EXPORT_META).read_text(encoding="utf-8"))
+    source = Path(meta.get("source_model", ""))
+    exported_from_model = bool(meta.get("source_model")) and (source / "config.json").is_file()
+    card = model_card(source) if exported_from_model else basic_card(export_dir, meta)
+    card["model_dir"] = str(export_dir)
+    card["export"] = {k: meta.get(k) for k in ("format", "ctranslate2_version", "quantization", "source_model")}
+    return card
+
+
+def print_card(card: dict, file=None) -> None:
+    """The card as a rich table on ``file`` (default stdout; colours only on a terminal)."""
     import sys
 
     from rich.console import Console
@@ -150,6 +172,10 @@ def print_card(card: dict) -> None:
                   else f"{vocab['source']:,} source / {vocab['target']:,} target")
     table.add_row("languages", f"{languages['source']} -> {languages['target']}")
     table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
+    export = card.get("export")
+    if export:
+        table.add_row("export", f"{export['format']} {export['ctranslate2_version']}, {export['quantization']} "
+                                f"weights, from {export['source_model']}")
     for key, value in card.get("training", {}).items():
         table.add_row(f"training: {key.replace('_', ' ')}", _text(value))
     data = card.get("data")
@@ -164,7 +190,7 @@ def print_card(card: dict) -> None:
         table.add_row("recipe", f"{recipe['name']} ({recipe['config']})")
         for key, value in recipe["settings"].items():
             table.add_row(f"  {key}", _text(value))
-    Console(file=sys.stdout, highlight=False).print(table)
+    Console(file=file or sys.stdout, highlight=False).print(table)
 
 
 def _text(value: Any) -> str:
