@@ -15,10 +15,11 @@ import typer
 
 from nmtkit import __version__
 from nmtkit.decoding.options import TranslateOptions
+from nmtkit.serving.requests import Limits
 
 app = typer.Typer(
     name="nmtkit",
-    help="Neural machine translation: prepare data, train Transformers and RNNs, translate, score.",
+    help="Neural machine translation: prepare data, train Transformers and RNNs, translate, serve, score.",
     epilog="Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input, 130 interrupted. "
            "Colours are off when output is not a terminal or NO_COLOR is set.",
     no_args_is_help=True,
@@ -127,6 +128,37 @@ def translate(
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
     )
     translate_file([str(m) for m in model], input, output, options, _console())
+
+
+_LIMITS = Limits()  # the server's request limits, defined once
+
+
+@app.command()
+def serve(
+    model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble; ctranslate2: an export)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, printed at start)."),
+    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="torch or ctranslate2 (an exported model)."),
+    device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
+    batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per model call (requests are collected up to it)."),
+    batch_window_ms: float = typer.Option(5.0, "--batch-window-ms", help="How long the first waiting request waits for others to join its batch."),
+    max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),
+    max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
+    max_line_chars: int = typer.Option(_LIMITS.max_line_chars, "--max-line-chars", help="Longest text in characters (413 above)."),
+    max_beam: int = typer.Option(_LIMITS.max_beam, "--max-beam", help="Largest beam_size and nbest a request may ask for."),
+) -> None:
+    """Serve translations over HTTP: POST /translate, GET /health, GET /info (needs the serve extra)."""
+    from nmtkit.serving import require_http_stack
+
+    require_http_stack()
+    from nmtkit.serving.app import serve as run_server
+
+    limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
+                    max_beam=max_beam)
+    options = TranslateOptions(engine=engine, device=device, dtype=dtype, batch_tokens=batch_tokens)
+    run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
+               verbose=_state["verbosity"] > 0)
 
 
 @app.command()

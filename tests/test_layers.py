@@ -18,6 +18,7 @@ LAYERS = (
     ("decoding",),
     ("training", "ctranslate2"),
     ("viz", "card", "translation", "pipeline", "sweep"),
+    ("serving",),
     ("cli",),
     ("__main__",),
 )

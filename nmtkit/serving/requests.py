@@ -1,0 +1,106 @@
+"""What a ``POST /translate`` body may be, checked before anything reaches the model.
+
+A body is one JSON object: ``texts`` (a list of single-line strings) plus optional decode
+settings, each within a range (``DECODE_RANGES``). Every problem is a ``RequestError`` with
+an HTTP status and a one-line message; nothing here imports torch.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# setting -> (type, lowest, highest); beam_size's highest comes from Limits.max_beam
+DECODE_RANGES: dict[str, tuple[type, float, float]] = {
+    "beam_size": (int, 1, 64), "nbest": (int, 1, 64), "lenpen": (float, 0.0, 10.0),
+    "max_len_a": (float, 0.0, 10.0), "max_len_b": (int, 0, 1024), "min_len": (int, 0, 1024),
+    "scores": (bool, False, True), "alignments": (bool, False, True),
+}
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # one text is one line, as in `nmtkit translate`
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` (4xx) and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (the defaults suit interactive use on a CPU)."""
+
+    max_body_bytes: int = 1 << 20
+    max_lines: int = 256
+    max_line_chars: int = 2000
+    max_beam: int = 16
+
+    def check(self) -> None:
+        from nmtkit.errors import ConfigError
+
+        if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam) < 1:
+            raise ConfigError("--max-body-bytes, --max-lines, --max-line-chars and --max-beam must be at least 1")
+
+
+@dataclass(frozen=True)
+class TranslateRequest:
+    texts: list[str]
+    decode: dict[str, Any]  # only the settings the client gave; the server's defaults fill the rest
+
+
+def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
+    """The checked request in ``body``, or a RequestError naming the first problem."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RequestError(400, f"body is not valid UTF-8 (byte {err.start})") from None
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RequestError(400, f"body is not JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise RequestError(400, "body is not JSON this server reads: nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise RequestError(400, 'body must be a JSON object such as {"texts": ["a line"]}')
+    unknown = sorted(set(payload) - {"texts"} - set(DECODE_RANGES))
+    if unknown:
+        raise RequestError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; "
+                                f"known: texts, {', '.join(DECODE_RANGES)}")
+    texts = check_texts(payload.get("texts"), limits)
+    decode = {name: check_setting(name, value, limits) for name, value in payload.items() if name != "texts"}
+    return TranslateRequest(texts, decode)
+
+
+def check_texts(texts: Any, limits: Limits) -> list[str]:
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise RequestError(400, '"texts" must be a list of strings')
+    if len(texts) > limits.max_lines:
+        raise RequestError(413, f"{len(texts)} texts; at most {limits.max_lines} per request")
+    for index, line in enumerate(texts):
+        if len(line) > limits.max_line_chars:
+            raise RequestError(413, f"texts[{index}] has {len(line)} characters; at most {limits.max_line_chars}")
+        if any(c in LINE_BREAKS for c in line):
+            raise RequestError(400, f"texts[{index}] holds a line break; send one line per text")
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escaped in the JSON ("\ud800")
+            raise RequestError(400, f"texts[{index}] is not valid Unicode (a lone surrogate)") from None
+    return texts
+
+
+def check_setting(name: str, value: Any, limits: Limits) -> Any:
+    """``value`` of decode setting ``name`` if its type and range are right."""
+    kind, low, high = DECODE_RANGES[name]
+    if name in ("beam_size", "nbest"):
+        high = min(high, limits.max_beam)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise RequestError(400, f"{name} must be true or false")
+        return value
+    numeric = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, numeric):
+        raise RequestError(400, f"{name} must be {'an integer' if kind is int else 'a number'}")
+    if not low <= value <= high:  # NaN fails too
+        raise RequestError(400, f"{name} must be between {low} and {high}, not {value}")
+    return kind(value)

@@ -1,0 +1,249 @@
+"""``nmtkit serve`` on a tiny reversal model: answers equal ``translate`` of the same lines,
+requests arriving together share model calls without mixing, every malformed request is
+a 4xx JSON error, and SIGTERM lets a request in flight finish."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import reversal_pairs, run_cli, train_tiny
+from nmtkit.decoding.options import TranslateOptions
+from nmtkit.decoding.translate import Translator
+from nmtkit.translation import open_engine
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("httpx")  # Starlette's TestClient
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from nmtkit.serving.app import create_app, serving_card  # noqa: E402
+from nmtkit.serving.batcher import Batcher  # noqa: E402
+from nmtkit.serving.requests import Limits  # noqa: E402
+
+CPU = dict(device="cpu", dtype="float32")
+LIMITS = Limits(max_body_bytes=4000, max_lines=6, max_line_chars=60, max_beam=4)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, reversal_spm) -> Path:
+    return train_tiny(reversal_spm, tmp_path_factory.mktemp("serve") / "model", steps=60)
+
+
+def sources(n: int, seed: int) -> list[str]:
+    return [s for s, _ in reversal_pairs(n, seed, length=5)]
+
+
+def start_app(model_dirs: list[str], options: TranslateOptions, window_s: float = 0.0):
+    batcher = Batcher(open_engine(model_dirs, options), options, window_s, options.batch_tokens)
+    return TestClient(create_app(batcher, serving_card(model_dirs, options, LIMITS, window_s * 1000), LIMITS))
+
+
+def expected(model_dirs: list[str], lines: list[str], **settings) -> list[str]:
+    """What the translate front end writes for ``lines`` (tab-separated fields)."""
+    options = TranslateOptions(**CPU, **settings)
+    return Translator(open_engine(model_dirs, options), options).translate(lines)
+
+
+@pytest.fixture(scope="module")
+def client(model_dir):
+    with start_app([str(model_dir)], TranslateOptions(**CPU)) as test_client:
+        yield test_client
+
+
+def test_answers_equal_translate_with_scores_alignments_and_nbest(client, model_dir):
+    lines = sources(5, 1)
+    lines[2] = ""
+    plain = client.post("/translate", json={"texts": lines})
+    assert plain.status_code == 200 and set(plain.json()) == {"translations"}
+    assert plain.json()["translations"] == expected([str(model_dir)], lines)
+    rich = client.post("/translate", json={"texts": lines, "beam_size": 3, "nbest": 2, "scores": True,
+                                           "alignments": True, "lenpen": 1.0, "max_len_b": 8}).json()
+    reference = expected([str(model_dir)], lines, beam_size=3, nbest=2, alignments=True, lenpen=1.0, max_len_b=8)
+    for hyps, best, score, alignment, ref in zip(rich["nbest"], rich["translations"], rich["scores"],
+                                                 rich["alignments"], reference):
+        rows = [row.split("\t") for row in ref.split("\n")]  # index, score, text, alignment
+        assert [[h["text"], f"{h['score']:.4f}", h["alignment"]] for h in hyps] == [[r[2], r[1], r[3]] for r in rows]
+        assert (best, score, alignment) == (hyps[0]["text"], hyps[0]["score"], hyps[0]["alignment"])
+    assert client.post("/translate", json={"texts": []}).json() == {"translations": []}
+
+
+def test_concurrent_requests_share_batches_and_never_mix(model_dir):
+    with start_app([str(model_dir)], TranslateOptions(**CPU), window_s=0.3) as client:
+        check_concurrent_requests(client, model_dir)
+
+
+def check_concurrent_requests(client, model_dir) -> None:
+    before = client.get("/health").json()
+    jobs = [sources(1 + k % 4, 100 + k) for k in range(8)]
+    answers: list = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def ask(k: int) -> None:
+        start.wait()
+        answers[k] = client.post("/translate", json={"texts": jobs[k]})
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = expected([str(model_dir)], [line for job in jobs for line in job])
+    start_line = 0
+    for job, answer in zip(jobs, answers):
+        assert answer.status_code == 200
+        assert answer.json()["translations"] == everything[start_line:start_line + len(job)]
+        start_line += len(job)
+    after = client.get("/health").json()
+    assert after["requests"] - before["requests"] == len(jobs)
+    assert after["lines"] - before["lines"] == sum(map(len, jobs))
+    assert after["batches"] - before["batches"] < len(jobs)  # some requests shared a model call
+    assert after["largest_batch_requests"] >= 2
+
+
+MALFORMED = {
+    "not JSON": (b'{"texts": ["a b"', 400, "not JSON"),
+    "invalid UTF-8": (b'{"texts": ["a \xff b"]}', 400, "UTF-8"),
+    "lone surrogate": (b'{"texts": ["a \\ud800"]}', 400, "surrogate"),
+    "not an object": (b'["a b"]', 400, "JSON object"),
+    "texts not a list": (b'{"texts": "a b"}', 400, "list of strings"),
+    "a text not a string": (b'{"texts": ["a", 3]}', 400, "list of strings"),
+    "texts missing": (b'{"beam_size": 2}', 400, "list of strings"),
+    "nested too deeply": (b'{"x": ' + b"[" * 1800 + b"]" * 1800 + b"}", 400, "nested too deeply"),
+    "oversized body": (json.dumps({"texts": ["a b"] * 1000}).encode(), 413, "at most 4000"),
+    "too many lines": (json.dumps({"texts": ["a b"] * 7}).encode(), 413, "at most 6"),
+    "too long a line": (json.dumps({"texts": ["a " * 31]}).encode(), 413, "at most 60"),
+    "a line break": (json.dumps({"texts": ["a\nb"]}).encode(), 400, "line break"),
+    "unknown option": (json.dumps({"texts": ["a"], "beam": 2}).encode(), 400, "unknown field(s) 'beam'"),
+    "beam too large": (json.dumps({"texts": ["a"], "beam_size": 5}).encode(), 400, "between 1 and 4"),
+    "beam zero": (json.dumps({"texts": ["a"], "beam_size": 0}).encode(), 400, "between 1 and 4"),
+    "beam as a string": (json.dumps({"texts": ["a"], "beam_size": "2"}).encode(), 400, "integer"),
+    "beam as a float": (json.dumps({"texts": ["a"], "beam_size": 2.5}).encode(), 400, "integer"),
+    "beam as a bool": (json.dumps({"texts": ["a"], "beam_size": True}).encode(), 400, "integer"),
+    "lenpen NaN": (b'{"texts": ["a"], "lenpen": NaN}', 400, "between"),
+    "lenpen negative": (json.dumps({"texts": ["a"], "lenpen": -1}).encode(), 400, "between"),
+    "scores as 1": (json.dumps({"texts": ["a"], "scores": 1}).encode(), 400, "true or false"),
+    "nbest over beam": (json.dumps({"texts": ["a"], "nbest": 3, "beam_size": 2}).encode(), 400, "beam_size >= 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_every_malformed_request_is_a_4xx_json_error(client, case):
+    body, status, fragment = MALFORMED[case]
+    answer = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == status, answer.text
+    assert fragment in answer.json()["error"] and "\n" not in answer.json()["error"]
+    assert client.post("/translate", json={"texts": ["a b"]}).status_code == 200  # the server goes on
+
+
+def test_body_without_length_is_cut_at_the_limit_and_other_routes_answer_json(client):
+    chunks = (b"x" * 1000 for _ in range(10))  # chunked: no content-length to refuse early
+    answer = client.post("/translate", content=chunks)
+    assert answer.status_code == 413 and "over 4000 bytes" in answer.json()["error"]
+    assert client.get("/translate").status_code == 405 and "error" in client.get("/translate").json()
+    assert client.get("/nowhere").status_code == 404 and "error" in client.get("/nowhere").json()
+    assert client.get("/info", params={"format": "xml"}).status_code == 400
+
+
+def test_info_is_the_model_card_as_json_or_text(client, model_dir):
+    from nmtkit.card import model_card
+
+    card = client.get("/info").json()
+    serving = card.pop("serving")
+    assert card == json.loads(json.dumps(model_card(model_dir)))
+    assert serving["engine"] == "torch" and serving["limits"]["max_lines"] == 6
+    text = client.get("/info", params={"format": "text"})
+    assert text.headers["content-type"].startswith("text/plain")
+    assert "model card" in text.text and "transformer: d 32" in text.text and "serving engine: torch" in text.text
+
+
+def test_ctranslate2_engine_answers_like_translate(model_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from nmtkit.ctranslate2.export import export_ctranslate2
+
+    export = str(export_ctranslate2(model_dir, tmp_path / "ct2"))
+    lines = sources(4, 3)
+    options = TranslateOptions(**CPU, engine="ctranslate2")
+    with start_app([export], options) as ct2_client:
+        answer = ct2_client.post("/translate", json={"texts": lines, "scores": True, "beam_size": 2}).json()
+        card = ct2_client.get("/info").json()
+    reference = [row.split("\t") for row in expected([export], lines, engine="ctranslate2", scores=True, beam_size=2)]
+    assert answer["translations"] == [text for _, text in reference]
+    assert [f"{score:.4f}" for score in answer["scores"]] == [score for score, _ in reference]
+    assert card["export"]["format"] == "ctranslate2" and card["serving"]["engine"] == "ctranslate2"
+
+
+def post(port: int, payload: dict, timeout: float = 60) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", data=json.dumps(payload).encode(),
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def start_server(model_dir: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    """``nmtkit serve --port 0`` as a user runs it; returns the process and its port."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "nmtkit", "serve", "-m", str(model_dir), "--port", "0", *args],
+                              stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    said = []
+    for raw in server.stderr:  # the first line that names the address (warnings may come first)
+        said.append(raw.decode())
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", said[-1])
+        if match:
+            return server, int(match.group(1))
+    raise AssertionError("".join(said))
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits(model_dir):
+    lines = sources(3, 9)
+    server, port = start_server(model_dir, "--batch-window-ms", "1500")  # a lone request waits 1.5 s
+    try:
+        # a client that sends half a body and leaves, and one that leaves before its answer
+        with socket.create_connection(("127.0.0.1", port)) as half:
+            half.sendall(b"POST /translate HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n{\"texts\": [")
+        with socket.create_connection(("127.0.0.1", port)) as impatient:
+            body = json.dumps({"texts": lines}).encode()
+            impatient.sendall(b"POST /translate HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        result: dict = {}
+        in_flight = threading.Thread(target=lambda: result.update(answer=post(port, {"texts": lines})))
+        in_flight.start()
+        time.sleep(0.5)
+        server.send_signal(signal.SIGTERM)
+        in_flight.join(60)
+        assert server.wait(60) == 0, server.stderr.read().decode()
+    finally:
+        server.kill()
+    status, body = result["answer"]
+    cli = run_cli("translate", "-m", str(model_dir), "--device", "cpu", input="".join(s + "\n" for s in lines))
+    assert status == 200 and body["translations"] == cli.stdout.decode().splitlines()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_serve_refuses_bad_settings_in_one_line(model_dir):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        busy = run_cli("serve", "-m", str(model_dir), "--port", str(taken.getsockname()[1]))
+    finally:
+        taken.close()
+    assert busy.returncode == 1 and busy.stderr.decode().startswith("nmtkit: error: cannot listen on 127.0.0.1:")
+    bad = run_cli("serve", "-m", str(model_dir), "--max-lines", "0")
+    assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1
+
