@@ -247,3 +247,16 @@ def test_serve_refuses_bad_settings_in_one_line(model_dir):
     bad = run_cli("serve", "-m", str(model_dir), "--max-lines", "0")
     assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1
 
+
+def test_load_benchmark_runs_small(model_dir, tmp_path):
+    """benchmarks/serve_load.py end to end with 2 clients x 3 requests."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import serve_load
+
+    source = tmp_path / "input.txt"
+    source.write_text("".join(line + "\n" for line in sources(12, 4)), encoding="utf-8")
+    record = serve_load.main(["--model", str(model_dir), "--input", str(source), "--clients", "2", "--requests", "3",
+                              "--max-lines", "3", "--threads", "1", "--out", str(tmp_path / "out")])
+    assert record["ok"] and record["answered"] == 6 and record["wrong"] == 0 and record["malformed_refused"] == "8/8"
+    assert record["p50_ms"] <= record["p99_ms"] and record["lines_s"] > 0
+    assert json.loads((tmp_path / "out" / "serve_load.json").read_text())["records"][0]["ok"] is True
