@@ -248,6 +248,16 @@ def test_serve_refuses_bad_settings_in_one_line(model_dir):
     assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1
 
 
+def test_missing_http_libraries_are_a_one_line_error(monkeypatch):
+    from nmtkit.errors import NmtkitError
+    from nmtkit.serving import require_http_stack
+
+    require_http_stack()
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
+    with pytest.raises(NmtkitError, match=r"pip install 'nmtkit\[serve\]'"):
+        require_http_stack()
+
+
 def test_load_benchmark_runs_small(model_dir, tmp_path):
     """benchmarks/serve_load.py end to end with 2 clients x 3 requests."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
