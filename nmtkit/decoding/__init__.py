@@ -5,5 +5,6 @@
     batching.py      length-sorted, token-budgeted inference batches
     torch_engine.py  TorchEngine: loaded models on a device and dtype, searched with search.py
     options.py       TranslateOptions: DecodeConfig plus per-call settings (no torch)
-    translate.py     Translator(engine, options), translate_lines (lines in, lines out)
+    translate.py     Translator(engine, options), translate_lines (lines in, lines out);
+                     Translator.hypotheses for callers that format their own output (the server)
 """
