@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from nmtkit.ctranslate2.export import META as EXPORT_META
 from nmtkit.errors import CheckpointError
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -101,6 +100,7 @@ def model_card(model_dir: str | Path) -> dict:
     """Everything ``nmtkit info`` shows, as one JSON-ready dict."""
     import yaml
 
+    from nmtkit.ctranslate2.export import META as EXPORT_META
     from nmtkit.modeldir import read_meta
 
     model_dir = Path(model_dir)
@@ -146,9 +146,12 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
 def export_card(export_dir: Path) -> dict:
     """A CTranslate2 export's card: its source model's (training, data, recipe) while that
     directory exists, else what the export's metadata tells; plus how it was exported."""
+    from nmtkit.ctranslate2.export import META as EXPORT_META
+    from nmtkit.modeldir import CONFIG
+
     meta = json.loads((export_dir / EXPORT_META).read_text(encoding="utf-8"))
     source = Path(meta.get("source_model", ""))
-    exported_from_model = bool(meta.get("source_model")) and (source / "config.json").is_file()
+    exported_from_model = bool(meta.get("source_model")) and (source / CONFIG).is_file()
     card = model_card(source) if exported_from_model else basic_card(export_dir, meta)
     card["model_dir"] = str(export_dir)
     card["export"] = {k: meta.get(k) for k in ("format", "ctranslate2_version", "quantization", "source_model")}

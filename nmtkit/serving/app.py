@@ -39,11 +39,10 @@ def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits) -> Starle
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is left to read it
         parsed = parse_request(body, limits)
-        decode = {**parsed.decode}
-        beam = decode.get("beam_size", batcher.base.beam_size)
-        if decode.get("nbest", batcher.base.nbest) > beam:
-            raise RequestError(400, f"nbest {decode['nbest']} needs beam_size >= {decode['nbest']}")
-        return JSONResponse(await asyncio.wrap_future(batcher.submit(parsed.texts, decode)))
+        nbest = parsed.decode.get("nbest", batcher.base.nbest)
+        if nbest > parsed.decode.get("beam_size", batcher.base.beam_size):  # the server's defaults count too
+            raise RequestError(400, f"nbest {nbest} needs beam_size >= {nbest}")
+        return JSONResponse(await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode)))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **batcher.stats()})
