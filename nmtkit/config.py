@@ -127,6 +127,10 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # subword regularisation: training sentences re-segmented every epoch by SentencePiece sampling,
+    # seeded by (seed, epoch, sentence); dev and test keep their one segmentation. 0 turns it off.
+    subword_alpha: float = 0.0  # unigram: sharpness of the sampling distribution (Kudo 2018: 0.1-0.5); bpe: dropout (0.1)
+    subword_nbest: int = -1  # unigram: sample among the n best segmentations (-1: all of them)
     clip_norm: float = 0.0  # 0 disables
     ema_decay: float = 0.0  # 0 disables the exponential moving average of weights
     seed: int = 1
@@ -285,7 +289,7 @@ _POSITIVE = ("train.lr", "train.max_tokens", "train.update_freq", "train.log_eve
              "model.heads", "model.ffn_dim", "model.max_positions", "model.embed_dim", "model.hidden_dim",
              "decode.beam_size", "decode.nbest", "decode.batch_tokens")
 _NON_NEGATIVE = ("train.max_steps", "train.max_epochs", "train.max_minutes", "train.warmup", "train.eps",
-                 "train.weight_decay", "train.clip_norm", "train.seed", "train.keep_last", "train.patience",
+                 "train.weight_decay", "train.clip_norm", "train.subword_alpha", "train.seed", "train.keep_last", "train.patience",
                  "train.workers", "train.batches_per_update", "train.average_last", "train.dev_bleu_max_sentences",
                  "model.encoder_layers", "model.decoder_layers", "decode.max_len_a", "decode.max_len_b",
                  "decode.min_len", "data.max_train_pairs", "data.dev_size", "data.test_size", "data.clean.max_len",
@@ -312,6 +316,18 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {list(betas)}")
 
 
+def _check_subword_sampling(cfg: Config) -> None:
+    t = cfg.train
+    if t.subword_nbest in (0, 1) or t.subword_nbest < -1:  # SentencePiece does not sample with 0 or 1
+        raise ConfigError(f"train.subword_nbest must be -1 (all segmentations) or at least 2, got {t.subword_nbest}")
+    if cfg.vocab.type == "bpe":
+        if t.subword_alpha >= 1:
+            raise ConfigError(f"train.subword_alpha is the BPE-dropout probability with vocab.type=bpe: "
+                              f"it must be below 1, got {t.subword_alpha}")
+        if t.subword_nbest != -1:
+            raise ConfigError("train.subword_nbest applies to vocab.type=unigram only (BPE-dropout has no n-best)")
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a dataclass type cannot express."""
     m = cfg.model
@@ -322,6 +338,7 @@ def validate(cfg: Config) -> Config:
     _check_arch_keys(m)
     if m.arch == "transformer" and m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+    _check_subword_sampling(cfg)
     if m.tie_embeddings == "all" and not cfg.vocab.joint:
         raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
     return cfg

@@ -37,7 +37,8 @@ class ParallelIds:
                 self.tgt[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
 
 
-def _flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences of ids -> (flat int32 ids, int64 offsets with N+1 entries)."""
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(s) for s in seqs])
     if not len(seqs):
@@ -49,8 +50,8 @@ def _flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 def save_split(path: str | Path, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} source vs {len(tgt)} target sentences")
-    src_flat, src_off = _flatten(src)
-    tgt_flat, tgt_off = _flatten(tgt)
+    src_flat, src_off = flatten(src)
+    tgt_flat, tgt_off = flatten(tgt)
     with atomic_open(path, "wb") as handle:
         np.savez(handle, src=src_flat, src_offsets=src_off, tgt=tgt_flat, tgt_offsets=tgt_off)
 

@@ -212,6 +212,13 @@ class Trainer:
             raise DataError(f"{work.ids('train')} holds no sentence pairs")
         # sentence lengths, computed once: every update needs its batches' target tokens
         self.src_lengths, self.tgt_lengths = self.train_data.src_lengths(), self.train_data.tgt_lengths()
+        self.sampler = None  # subword regularisation: the training ids re-segmented every epoch
+        if cfg.train.subword_alpha > 0:
+            from nmtkit.data.subword_sampling import SubwordSampler
+
+            t = cfg.train
+            self.sampler = SubwordSampler(self.train_data, (src_vocab, tgt_vocab), cfg.vocab.type, t.subword_alpha,
+                                          t.subword_nbest, t.seed)
         self.model = model.to(device)
         self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
         self.model_dim = cfg.model.width  # the noam schedule's d_model
@@ -296,28 +303,36 @@ class Trainer:
 
     # -- loop -----------------------------------------------------------------------------------
     def _updates(self):
-        """Yield (epoch, index of last batch used, micro-batches of one update) forever."""
+        """Yield (epoch, index of last batch used, (the epoch's ids, their target lengths), micro-batches
+        of one update) forever."""
         t = self.cfg.train
         per_update = dist.local_update_freq(t) * dist.world_size()
         epoch, skip = self.state.epoch, self.state.batch_in_epoch
         while True:
-            batches = make_batches(self.src_lengths, self.tgt_lengths, t.max_tokens, t.seed, epoch)
+            if self.sampler is None:
+                data, src_lengths, tgt_lengths = self.train_data, self.src_lengths, self.tgt_lengths
+            else:  # this epoch's segmentation, its lengths computed once for the epoch
+                data = self.sampler.epoch(epoch)
+                src_lengths, tgt_lengths = data.src_lengths(), data.tgt_lengths()
+            batches = make_batches(src_lengths, tgt_lengths, t.max_tokens, t.seed, epoch)
             if len(batches) < per_update:
                 raise ConfigError(f"an update takes {per_update} batches but an epoch has only {len(batches)}; "
                                   f"lower train.max_tokens or the batches per update")
             for start in range(skip, len(batches) - per_update + 1, per_update):
-                yield epoch, start + per_update, batches[start:start + per_update]
+                yield epoch, start + per_update, (data, tgt_lengths), batches[start:start + per_update]
             epoch, skip = epoch + 1, 0
             if t.max_epochs and epoch >= t.max_epochs:
                 return
 
-    def _step(self, group) -> tuple[Optional[torch.Tensor], torch.Tensor, int]:
-        """One optimizer update over this rank's micro-batches of ``group``."""
+    def _step(self, epoch_data, group) -> tuple[Optional[torch.Tensor], torch.Tensor, int]:
+        """One optimizer update over this rank's micro-batches of ``group``, indices into the
+        epoch's (ids, target lengths)."""
         t = self.cfg.train
         update_freq = dist.local_update_freq(t)
         micro = dist.my_share(group, update_freq)
-        batches = [collate(self.train_data, idx, self.max_len) for idx in micro]
-        total_tokens = sum(int(self.tgt_lengths[idx].sum()) + len(idx) for idx in group)
+        data, tgt_lengths = epoch_data
+        batches = [collate(data, idx, self.max_len) for idx in micro]
+        total_tokens = sum(int(tgt_lengths[idx].sum()) + len(idx) for idx in group)
         scale = dist.world_size() / total_tokens  # DDP averages over ranks: undo it, normalise per token
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
@@ -402,8 +417,8 @@ class Trainer:
         reason = ""
         bad_in_a_row = 0
         with TrainProgress(self.console, t.max_steps, self.state.step, enabled=dist.is_main()) as progress:
-            for epoch, next_batch, group in self._updates():
-                loss, nll, ntokens = self._step(group)
+            for epoch, next_batch, epoch_data, group in self._updates():
+                loss, nll, ntokens = self._step(epoch_data, group)
                 self.state.epoch, self.state.batch_in_epoch = epoch, next_batch
                 if loss is None:
                     self.state.skipped_steps += 1
