@@ -35,10 +35,12 @@ def parameter_table(model: Seq2Seq) -> dict[str, int]:
 
 def parameter_counts(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> dict[str, int]:
     """Total and active-per-token parameters of the model ``cfg`` describes, counted on the meta
-    device (no memory, milliseconds even for a big model). A model that routes tokens to some
-    of its weights reports ``active`` in its parameter table; in a dense one every weight is active."""
+    device (no memory, milliseconds even for a big model). A model that routes tokens to some of
+    its weights (Mixture of Experts) says how many are active; in a dense one every weight is."""
     import torch
 
     with torch.device("meta"):
-        table = parameter_table(build_model(cfg, src_vocab_size, tgt_vocab_size))
-    return {"total": table["total"], "active": table.get("active", table["total"])}
+        model = build_model(cfg, src_vocab_size, tgt_vocab_size)
+    total = parameter_table(model)["total"]
+    active = model.active_parameters() if hasattr(model, "active_parameters") else total
+    return {"total": total, "active": int(active)}
