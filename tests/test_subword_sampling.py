@@ -150,7 +150,7 @@ def final_weights(run_dir) -> dict:
 
 
 def test_training_is_reproducible_under_its_seed_and_dev_stays_deterministic(prepared, tmp_path):
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
     from nmtkit.training.validation import dev_loss
 
     runs = {}
