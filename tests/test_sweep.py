@@ -242,8 +242,8 @@ def test_shipped_sweeps_load():
     sweeps = sorted((Path(__file__).resolve().parent.parent / "recipes" / "sweeps").glob("*.yaml"))
     assert sweeps
     for path in sweeps:
-        sweep = load_sweep(path)
-        assert sweep.variants[0].name == "baseline" and len({v.data_key for v in sweep.variants}) == 1
+        sweep = load_sweep(path)  # every variant's config is built, so a stale key fails here
+        assert len(sweep.variants) >= 2, path
 
 
 def test_only_names_an_unknown_variant(tmp_path):
