@@ -7,17 +7,43 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from nmtkit import __version__
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.serving.requests import Limits
 
+
+def _readable_types(params: list) -> list:
+    """Help without Python types: a flag takes no value, so it shows none (Typer's rich help
+    prints ``<bool>``), and a repeatable value shows its element (``<path>...``, not ``<list[Path]>``)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        elif getattr(getattr(param, "type_descriptor", None), "is_list", False) and param.metavar is None:
+            element = re.sub(r"^<list\[(\w+)\]>$", lambda m: f"<{m.group(1).lower()}>...", param.display_type(None))
+            param.display_type = lambda ctx, label=element: label
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx):
+        return _readable_types(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):
+        return _readable_types(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=_Group,
     name="nmtkit",
     help="Neural machine translation: prepare data, train Transformers and RNNs, translate, serve, score.",
     epilog="Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input, 130 interrupted. "
@@ -69,7 +95,7 @@ def _load(recipe: Path, overrides: Optional[List[str]]):
     return load_config(recipe, overrides or [])
 
 
-@app.command()
+@app.command(cls=_Command)
 def prepare(recipe: Path = RecipeArg, overrides: Optional[List[str]] = OverridesArg) -> None:
     """Get parallel data, clean it, train SentencePiece and encode every split."""
     cfg = _load(recipe, overrides)
@@ -78,7 +104,7 @@ def prepare(recipe: Path = RecipeArg, overrides: Optional[List[str]] = Overrides
     run_prepare(cfg, _console())
 
 
-@app.command()
+@app.command(cls=_Command)
 def train(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
@@ -95,7 +121,7 @@ def train(
 _DEFAULTS = TranslateOptions()  # one home for every translate default: DecodeConfig and TranslateOptions
 
 
-@app.command()
+@app.command(cls=_Command)
 def translate(
     model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Source text file (default: stdin)."),
@@ -110,7 +136,8 @@ def translate(
     device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
     scores: bool = typer.Option(_DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab."),
-    alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and src-tgt attention argmax pairs (i-j)."),
+    alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and alignment pairs i-j: target piece j attends most to source piece i. "
+                                    "i and j index SentencePiece pieces (not words), from 0."),
     sample: bool = typer.Option(_DEFAULTS.sample, "--sample", help="Sample instead of beam search (for back-translation)."),
     topk: int = typer.Option(_DEFAULTS.topk, "--topk", help="Sampling: keep the k most likely pieces (0: all)."),
     topp: float = typer.Option(_DEFAULTS.topp, "--topp", help="Sampling: nucleus probability mass."),
@@ -133,7 +160,7 @@ def translate(
 _LIMITS = Limits()  # the server's request limits, defined once
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble; ctranslate2: an export)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
@@ -161,7 +188,7 @@ def serve(
                verbose=_state["verbosity"] > 0)
 
 
-@app.command()
+@app.command(cls=_Command)
 def score(
     ref: List[Path] = typer.Option(..., "-r", "--ref", help="Reference file (repeat for several references)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Hypotheses (default: stdin)."),
@@ -172,6 +199,8 @@ def score(
     test: str = typer.Option("bootstrap", "--test", help="Significance test: bootstrap or ar (approximate randomisation)."),
     resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples / randomisation trials."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive scoring."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level: a system is named better only when "
+                                "p < alpha; intervals are (1 - alpha) confidence intervals."),
 ) -> None:
     """Score hypotheses against references with sacreBLEU (BLEU, chrF, TER)."""
     from nmtkit.scoring.report import score_command
@@ -179,20 +208,20 @@ def score(
     score_command(
         refs=ref, hyp=input, baseline=baseline, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
         as_json=json_out, tokenized_bleu=tokenized_bleu, test=test, resamples=resamples, lowercase=lowercase,
-        console=_console(),
+        console=_console(), alpha=alpha,
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def run(recipe: Path = RecipeArg, overrides: Optional[List[str]] = OverridesArg) -> None:
-    """Run a recipe end to end: prepare, train, average, translate test, score."""
+    """Run a recipe end to end: prepare, train, average, translate dev and test, score both."""
     cfg = _load(recipe, overrides)
     from nmtkit.pipeline import run_recipe
 
     run_recipe(cfg, _console())
 
 
-@app.command()
+@app.command(cls=_Command)
 def sweep(
     sweep_file: Path = typer.Argument(..., help="YAML sweep file: a base recipe and its variants (see recipes/sweeps/).",
                                       show_default=False),
@@ -209,20 +238,20 @@ def sweep(
     run_sweep(plan, _console(), only=only, dry_run=dry_run, debug=_state["debug"])
 
 
-@app.command()
+@app.command(cls=_Command)
 def average(
     run_dir: Path = typer.Argument(..., help="Training run directory (holds checkpoints/)."),
-    last: int = typer.Option(5, "--last", min=1, help="Average the last N checkpoints."),
+    last: int = typer.Option(5, "--last", min=1, help="Average the last N checkpoints (all of them, with a warning, when fewer exist)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Model directory to write (default: RUN_DIR/averaged)."),
 ) -> None:
     """Average the weights of the last N checkpoints into a model directory."""
     from nmtkit.training.checkpoint import average_checkpoints
 
-    out = average_checkpoints(run_dir, last, output)
-    _console().print(f"wrote {out}")
+    console = _console()
+    console.info(f"wrote {average_checkpoints(run_dir, last, output, warn=console.warn)}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def plot(
     run_dirs: List[Path] = typer.Argument(..., help="Training run directories (WORKDIR/train), several overlaid, "
                                           "or a sweep directory (all its variants).", show_default=False),
@@ -241,7 +270,7 @@ def plot(
     _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size), labels=labels)}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def attention(
     sentence: str = typer.Argument(..., help="Source sentence to translate.", show_default=False),
     model: Path = typer.Option(..., "-m", "--model", help="Model directory."),
@@ -265,7 +294,7 @@ def attention(
                       parse_size(size) if size else None, device, _console())
 
 
-@app.command()
+@app.command(cls=_Command)
 def info(
     model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -276,7 +305,7 @@ def info(
     info_command(model_dir, json_out)
 
 
-@app.command()
+@app.command(cls=_Command)
 def export(
     model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),
     output: Path = typer.Option(..., "-o", "--output", help="Directory to write.", show_default=False),

@@ -61,6 +61,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
+def shown_path(path: str | Path, key: str) -> str:
+    """How an error names a path a recipe gave (``key``): the absolute path tried and, for a
+    relative one, the directory it was resolved against (the current directory)."""
+    path = Path(path)
+    absolute = Path(os.path.abspath(path))
+    if path.is_absolute():
+        return f"{absolute} ({key})"
+    return f"{absolute} ({key} = {str(path)!r}, relative to the current directory {os.getcwd()})"
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -70,18 +80,28 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def decode_line(raw: bytes, name: str, lineno: int, errors: str = "strict") -> str:
-    """Decode one line of UTF-8, naming file and line on failure; strips the newline."""
+    """Decode one line of UTF-8, naming file and line on failure; strips the newline (\\n or
+    \\r\\n) and, on line 1, a byte-order mark (editors on Windows write one)."""
     try:
         text = raw.decode("utf-8", errors=errors)
     except UnicodeDecodeError as err:
         raise DataError(f"{name}: line {lineno} is not valid UTF-8 (byte {err.start})") from None
-    return text.rstrip("\n").rstrip("\r")
+    text = text.rstrip("\n").rstrip("\r")
+    return text.removeprefix("\ufeff") if lineno == 1 else text
+
+
+def check_readable(path: str | Path) -> Path:
+    """``path`` if it can be read as text: a file, a pipe or a device such as /dev/stdin."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"file not found: {path}")
+    if path.is_dir():
+        raise DataError(f"{path} is a directory, not a text file")
+    return path
 
 
 def read_lines(path: str | Path, errors: str = "strict") -> list[str]:
-    """Read a UTF-8 text file as a list of lines (no newlines); a clear error otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"file not found: {path}")
+    """Read UTF-8 text (a file, a pipe, /dev/stdin) as a list of lines (no newlines); a clear error otherwise."""
+    path = check_readable(path)
     with open(path, "rb") as handle:
         return [decode_line(raw, str(path), i, errors) for i, raw in enumerate(handle, 1)]

@@ -167,7 +167,7 @@ def test_identical_systems_are_not_significant(test):
     results = paired_test(GOOD, list(GOOD), [REFS], test=test, resamples=200)
     for result in results.values():
         assert result.p_value == 1.0
-        assert result.delta == 0 and result.better == "tie"
+        assert result.delta == 0 and result.better == "none" and not result.significant
         assert result.system_ci == result.baseline_ci
 
 

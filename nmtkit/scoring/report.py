@@ -26,7 +26,7 @@ def read_hypotheses(path: Optional[Path]) -> tuple[str, list[str]]:
 
 
 def _check_options(metrics: Sequence[str], tokenized_bleu: bool, baseline: Optional[Path], test: str,
-                   resamples: int) -> None:
+                   resamples: int, alpha: float) -> None:
     """Fail on bad options before reading any file."""
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
@@ -38,14 +38,15 @@ def _check_options(metrics: Sequence[str], tokenized_bleu: bool, baseline: Optio
 
         if not metrics:
             raise ConfigError("--baseline needs at least one sacreBLEU metric in --metrics")
-        check_test_options(test, resamples)
+        check_test_options(test, resamples, alpha)
 
 
 def build_report(refs: Sequence[Path], hyp: Optional[Path], baseline: Optional[Path], metrics: Sequence[str],
-                 tokenized_bleu: bool, test: str, resamples: int, lowercase: bool) -> dict[str, Any]:
+                 tokenized_bleu: bool, test: str, resamples: int, lowercase: bool,
+                 alpha: float = 0.05) -> dict[str, Any]:
     """Everything ``nmtkit score`` prints, as one JSON-ready dict."""
     metrics = list(dict.fromkeys(metrics))
-    _check_options(metrics, tokenized_bleu, baseline, test, resamples)
+    _check_options(metrics, tokenized_bleu, baseline, test, resamples, alpha)
     named_refs = [(str(path), read_lines(path)) for path in refs]
     hyp_name, hyps = read_hypotheses(hyp)
     check_line_counts(hyp_name, hyps, named_refs)
@@ -63,19 +64,21 @@ def build_report(refs: Sequence[Path], hyp: Optional[Path], baseline: Optional[P
     if baseline is not None:
         from nmtkit.scoring.significance import DEFAULT_SEED, paired_test
 
-        results = paired_test(hyps, baseline_hyps, ref_lines, metrics, test, resamples, DEFAULT_SEED, lowercase)
+        results = paired_test(hyps, baseline_hyps, ref_lines, metrics, test, resamples, DEFAULT_SEED, lowercase,
+                              alpha)
         report["significance"] = {"baseline": str(baseline), "test": test, "resamples": resamples,
-                                  "seed": DEFAULT_SEED, "confidence": 0.95,
+                                  "seed": DEFAULT_SEED, "alpha": alpha, "confidence": 1 - alpha,
                                   "metrics": {name: result.as_dict() for name, result in results.items()}}
     return report
 
 
 def score_command(refs: Sequence[Path], hyp: Optional[Path], baseline: Optional[Path], metrics: Sequence[str],
-                  as_json: bool, tokenized_bleu: bool, test: str, resamples: int, lowercase: bool, console) -> None:
+                  as_json: bool, tokenized_bleu: bool, test: str, resamples: int, lowercase: bool, console,
+                  alpha: float = 0.05) -> None:
     """The ``nmtkit score`` command: JSON or tables on stdout."""
     if baseline is not None:
-        console.detail(f"significance: {test}, {resamples} resamples")
-    report = build_report(refs, hyp, baseline, metrics, tokenized_bleu, test, resamples, lowercase)
+        console.detail(f"significance: {test}, {resamples} resamples, alpha {alpha}")
+    report = build_report(refs, hyp, baseline, metrics, tokenized_bleu, test, resamples, lowercase, alpha)
     if as_json:
         print(json.dumps(report, ensure_ascii=False, indent=1))
     else:
@@ -121,16 +124,18 @@ def _significance_table(significance: dict[str, Any]):
     from rich.table import Table
 
     test = "paired bootstrap" if significance["test"] == "bootstrap" else "approximate randomisation"
+    alpha, ci = significance["alpha"], f"{100 * significance['confidence']:g}% CI"
     table = Table(title=f"system vs baseline {significance['baseline']}: {test}, {significance['resamples']} "
                         f"resamples, seed {significance['seed']}", title_justify="left",
-                  caption="[95% CI] bootstrap percentiles; * p < 0.05", caption_justify="left")
-    for column in ("metric", "system [95% CI]", "baseline [95% CI]", "delta", "p-value", "better"):
-        table.add_column(column, justify="left" if column in ("metric", "better") else "right")
+                  caption=f"[{ci}] bootstrap percentiles; * p < {alpha:g}: a system is named better only then",
+                  caption_justify="left")
+    for column in ("metric", f"system [{ci}]", f"baseline [{ci}]", "delta", "p-value", "verdict"):
+        table.add_column(column, justify="left" if column in ("metric", "verdict") else "right")
     for result in significance["metrics"].values():
         sys_low, sys_high = result["system_ci"]
         base_low, base_high = result["baseline_ci"]
-        star = "*" if result["p_value"] < 0.05 else ""
+        verdict = f"{result['better']} better" if result["significant"] else "no significant difference"
         table.add_row(result["name"], f"{result['system']:.2f} [{sys_low:.2f}, {sys_high:.2f}]",
                       f"{result['baseline']:.2f} [{base_low:.2f}, {base_high:.2f}]", f"{result['delta']:+.2f}",
-                      f"{result['p_value']:.4f}{star}", result["better"])
+                      f"{result['p_value']:.4f}{'*' if result['significant'] else ''}", verdict)
     return table

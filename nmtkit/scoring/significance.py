@@ -11,8 +11,10 @@ rescored with sacreBLEU's own formula, so no sentence is re-tokenised.
   sentence with probability 1/2; p-value = how often the shuffled difference is as large.
 
 Both p-values count ties as "as extreme" and use (1 + count) / (1 + trials), so two
-identical systems get p = 1. The 95% confidence interval of each system is the 2.5th to
-97.5th percentile of its bootstrap scores. Everything is seeded and deterministic.
+identical systems get p = 1. A system is named better only when p < alpha (0.05 unless
+chosen); otherwise the verdict is "no significant difference", whatever the sign of the
+delta. The (1 - alpha) confidence interval of each system is the alpha/2 to 1 - alpha/2
+percentile range of its bootstrap scores. Everything is seeded and deterministic.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from nmtkit.scoring.metrics import LOWER_IS_BETTER, METRICS, check_line_counts, 
 
 TESTS = ("bootstrap", "ar")
 DEFAULT_SEED = 12345
+DEFAULT_ALPHA = 0.05
+NO_DIFFERENCE = "none"  # ``better`` when p >= alpha
 # Scores are 0..100; differences closer than this are ties (float rounding of averaged TER lengths).
 _TIE = 1e-9
 # Cells of the (resamples x sentences) weight matrix built at once, to bound memory.
@@ -43,23 +47,28 @@ class PairedResult:
     p_value: float
     system_ci: tuple[float, float]
     baseline_ci: tuple[float, float]
+    alpha: float = DEFAULT_ALPHA
 
     @property
     def delta(self) -> float:
         return self.system - self.baseline
 
     @property
+    def significant(self) -> bool:
+        return self.p_value < self.alpha
+
+    @property
     def better(self) -> str:
-        """Which side scores better on this metric (TER: lower): system, baseline or tie."""
-        if self.system == self.baseline:
-            return "tie"
+        """The side that is significantly better on this metric (TER: lower), or ``none``."""
+        if not self.significant or self.system == self.baseline:
+            return NO_DIFFERENCE
         system_higher = self.system > self.baseline
         return "system" if system_higher != (self.metric in LOWER_IS_BETTER) else "baseline"
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "system": self.system, "baseline": self.baseline, "delta": self.delta,
-                "better": self.better, "p_value": self.p_value, "system_ci": list(self.system_ci),
-                "baseline_ci": list(self.baseline_ci)}
+                "p_value": self.p_value, "significant": self.significant, "better": self.better,
+                "system_ci": list(self.system_ci), "baseline_ci": list(self.baseline_ci)}
 
 
 def score_with_stats(metric: Any, hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> tuple[Any, np.ndarray]:
@@ -119,16 +128,18 @@ def randomisation_p_value(shuffled_deltas: np.ndarray, observed: float) -> float
     return float((1 + extreme.sum()) / (1 + len(shuffled_deltas)))
 
 
-def _interval(scores: np.ndarray) -> tuple[float, float]:
-    low, high = np.percentile(scores, [2.5, 97.5])
+def _interval(scores: np.ndarray, alpha: float) -> tuple[float, float]:
+    low, high = np.percentile(scores, [50 * alpha, 100 - 50 * alpha])
     return float(low), float(high)
 
 
-def check_test_options(test: str, resamples: int) -> None:
+def check_test_options(test: str, resamples: int, alpha: float = DEFAULT_ALPHA) -> None:
     if test not in TESTS:
         raise ConfigError(f"unknown significance test {test!r} (choose from {', '.join(TESTS)})")
     if resamples < 1:
         raise ConfigError(f"resamples must be at least 1, got {resamples}")
+    if not 0 < alpha < 1:
+        raise ConfigError(f"alpha must be between 0 and 1 (exclusive), got {alpha}")
 
 
 def paired_test(
@@ -140,10 +151,11 @@ def paired_test(
     resamples: int = 1000,
     seed: int = DEFAULT_SEED,
     lowercase: bool = False,
+    alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, PairedResult]:
     """Compare a system with a baseline on every metric; ``resamples`` bootstrap draws for the
     intervals (and the p-value when test="bootstrap"), as many shuffles when test="ar"."""
-    check_test_options(test, resamples)
+    check_test_options(test, resamples, alpha)
     named_refs = [(f"reference {k}", ref) for k, ref in enumerate(refs, 1)]
     check_line_counts("system", hyps, named_refs)
     check_line_counts("baseline", baseline_hyps, named_refs)
@@ -168,6 +180,7 @@ def paired_test(
                                             observed)
         results[name] = PairedResult(metric=name, name=system.name, system=float(system.score),
                                      baseline=float(baseline.score), p_value=p_value,
-                                     system_ci=_interval(sys_boot), baseline_ci=_interval(base_boot))
+                                     system_ci=_interval(sys_boot, alpha), baseline_ci=_interval(base_boot, alpha),
+                                     alpha=alpha)
     return results
 

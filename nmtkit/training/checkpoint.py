@@ -15,7 +15,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -182,14 +182,19 @@ def tidy_run_dir(run_dir: Path) -> None:
                 path.unlink(missing_ok=True)
 
 
-def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | Path] = None) -> Path:
-    """Average the weights of the newest ``last`` checkpoints into a model directory."""
+def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | Path] = None,
+                        warn: Optional[Callable[[str], None]] = None) -> Path:
+    """Average the weights of the newest ``last`` checkpoints into a model directory; with
+    fewer checkpoints than ``last``, all of them, said through ``warn``."""
     from nmtkit.modeldir import load_model_dir
 
     run_dir = Path(run_dir)
     dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run_dir}: no checkpoints to average (expected {run_dir}/checkpoints/step_*)")
+    if len(dirs) < last and warn is not None:
+        warn(f"--last {last}: {run_dir / 'checkpoints'} holds only {len(dirs)} checkpoint(s) "
+             f"({dirs[0].name} to {dirs[-1].name}); averaging those {len(dirs)}")
     chosen = dirs[-last:]
     total: dict[str, torch.Tensor] = {}
     for path in chosen:

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import decode_line, read_lines
+from nmtkit.files import decode_line, read_lines, shown_path
 
 SPLITS = ("train", "dev", "test")
 
@@ -34,9 +34,9 @@ def paths(data) -> dict[str, tuple[Path, Path]]:
                 raise ConfigError(f"data.files.{split}.{lang}: missing (languages given: {', '.join(map(str, entry))})")
             path = Path(str(entry[lang])).expanduser()
             if not path.is_file():
-                raise DataError(f"file not found: {path} (data.files.{split}.{lang})")
+                raise DataError(f"file not found: {shown_path(path, f'data.files.{split}.{lang}')}")
             if path.stat().st_size == 0:
-                raise DataError(f"file is empty: {path} (data.files.{split}.{lang})")
+                raise DataError(f"file is empty: {shown_path(path, f'data.files.{split}.{lang}')}")
             pair.append(path)
         out[split] = (pair[0], pair[1])
     return out

@@ -16,6 +16,7 @@ from typing import Iterator
 
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
+from nmtkit.files import shown_path
 
 BATCH_ROWS = 10_000  # rows per arrow batch when streaming the training split
 
@@ -26,7 +27,7 @@ def local_dir(data) -> Path | None:
     if path.is_dir():
         return path
     if data.hf_name.startswith((".", "/", "~")) or data.hf_name.count("/") > 1:
-        raise DataError(f"dataset directory not found: {path} (data.hf_name)")
+        raise DataError(f"dataset directory not found: {shown_path(path, 'data.hf_name')}")
     return None
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.sources.osis import osis_to_text
 from nmtkit.errors import DataError
+from nmtkit.files import shown_path
 
 # The Debian packages that ship the modules the quickstart recipe uses.
 DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-sparv"}
@@ -182,8 +183,8 @@ class SwordModule:
         if conf_path is None:
             package = DEBIAN_PACKAGES.get(name)
             hint = f"install the Debian package {package}" if package else "install it with your SWORD installer"
-            raise DataError(f"SWORD module {name} not found under {sword_path}/mods.d ({hint}, "
-                            f"or set data.sword_path)")
+            raise DataError(f"SWORD module {name} not found under {shown_path(sword_path / 'mods.d', 'data.sword_path')}"
+                            f" ({hint}, or set data.sword_path)")
         self.conf = _parse_conf(conf_path)
         driver = self.conf.get("ModDrv", "")
         if driver not in _INDEX_FORMATS:
