@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -46,7 +47,7 @@ app = typer.Typer(
     cls=_Group,
     name="nmtkit",
     help="Neural machine translation: prepare data, train Transformers and RNNs, translate, serve, score.",
-    epilog="Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input, 130 interrupted. "
+    epilog="Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input, 130 interrupted, 143 terminated. "
            "Colours are off when output is not a terminal or NO_COLOR is set.",
     no_args_is_help=True,
     add_completion=True,
@@ -125,13 +126,18 @@ _DEFAULTS = TranslateOptions()  # one home for every translate default: DecodeCo
 def translate(
     model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Source text file (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default: stdout)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
+                                         help="Output file (default: stdout), written atomically; a device or "
+                                              "named pipe is written directly, a symbolic link is followed."),
     beam_size: int = typer.Option(_DEFAULTS.beam_size, "--beam-size", "-b", min=1, help="Beam size (1: greedy)."),
     lenpen: float = typer.Option(_DEFAULTS.lenpen, "--lenpen", help="GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs."),
     max_len_a: float = typer.Option(_DEFAULTS.max_len_a, "--max-len-a", help="Output length limit a*|x|+b: a."),
     max_len_b: int = typer.Option(_DEFAULTS.max_len_b, "--max-len-b", help="Output length limit a*|x|+b: b."),
     min_len: int = typer.Option(_DEFAULTS.min_len, "--min-len", help="Minimum output length in pieces (EOS blocked before)."),
-    nbest: int = typer.Option(_DEFAULTS.nbest, "--nbest", min=1, help="Hypotheses per input line (tab-separated: index, score, text)."),
+    nbest: int = typer.Option(_DEFAULTS.nbest, "--nbest", min=1, help="N > 1: exactly N lines per input line, best first, as "
+                                "INDEX<tab>SCORE<tab>TEXT (INDEX: the input line, from 0; --alignments adds a 4th "
+                                "field). Lines the search cannot fill (all but the first for an empty input) have an "
+                                "empty text and score -inf."),
     batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
     device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
@@ -144,7 +150,8 @@ def translate(
     temperature: float = typer.Option(_DEFAULTS.temperature, "--temperature", help="Sampling temperature."),
     seed: int = typer.Option(_DEFAULTS.seed, "--seed", help="Random seed for sampling."),
     errors: str = typer.Option(_DEFAULTS.errors, "--errors", help="Invalid UTF-8 input: strict (error) or replace."),
-    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="torch or ctranslate2 (an exported model)."),
+    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for a directory written by nmtkit "
+                                "export, torch otherwise), torch or ctranslate2."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order."""
     from nmtkit.translation import translate_file
@@ -165,7 +172,7 @@ def serve(
     model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble; ctranslate2: an export)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, printed at start)."),
-    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="torch or ctranslate2 (an exported model)."),
+    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
     device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
     batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per model call (requests are collected up to it)."),
@@ -242,7 +249,9 @@ def sweep(
 def average(
     run_dir: Path = typer.Argument(..., help="Training run directory (holds checkpoints/)."),
     last: int = typer.Option(5, "--last", min=1, help="Average the last N checkpoints (all of them, with a warning, when fewer exist)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Model directory to write (default: RUN_DIR/averaged)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
+                                         help="Model directory to write (default: RUN_DIR/averaged); an existing "
+                                              "directory is replaced only if it is a complete model directory."),
 ) -> None:
     """Average the weights of the last N checkpoints into a model directory."""
     from nmtkit.training.checkpoint import average_checkpoints
@@ -255,7 +264,8 @@ def average(
 def plot(
     run_dirs: List[Path] = typer.Argument(..., help="Training run directories (WORKDIR/train), several overlaid, "
                                           "or a sweep directory (all its variants).", show_default=False),
-    output: Path = typer.Option(Path("curves.png"), "-o", "--output", help="Image to write; its suffix picks the format (png, pdf, svg)."),
+    output: str = typer.Option("curves.png", "-o", "--output", metavar="<path>",
+                               help="Image to write; its suffix picks the format (png, pdf, svg)."),
     x: str = typer.Option("step", "--x", help="x axis: step (updates) or time (training wall time)."),
     size: str = typer.Option("1200x800", "--size", help="Image size in pixels, WIDTHxHEIGHT."),
 ) -> None:
@@ -274,7 +284,8 @@ def plot(
 def attention(
     sentence: str = typer.Argument(..., help="Source sentence to translate.", show_default=False),
     model: Path = typer.Option(..., "-m", "--model", help="Model directory."),
-    output: Path = typer.Option(Path("attention.png"), "-o", "--output", help="Image to write; its suffix picks the format (png, pdf, svg)."),
+    output: str = typer.Option("attention.png", "-o", "--output", metavar="<path>",
+                               help="Image to write; its suffix picks the format (png, pdf, svg)."),
     layer: Optional[int] = typer.Option(None, "--layer", help="Decoder layer, numbered from 1 (default: the last).",
                                         show_default=False),
     head: Optional[int] = typer.Option(None, "--head", help="Head, numbered from 1 (default: the mean over heads).",
@@ -308,7 +319,9 @@ def info(
 @app.command(cls=_Command)
 def export(
     model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),
-    output: Path = typer.Option(..., "-o", "--output", help="Directory to write.", show_default=False),
+    output: str = typer.Option(..., "-o", "--output", metavar="<path>", show_default=False,
+                               help="Directory to write; an existing directory is replaced only if it is a "
+                                    "complete CTranslate2 export."),
     fmt: str = typer.Option("ctranslate2", "--format", help="Export format: ctranslate2."),
     quantization: Optional[str] = typer.Option(None, "--quantization", help="Weight type: int8, float16, bfloat16, float32 (default: float32).", show_default=False),
 ) -> None:
@@ -322,10 +335,20 @@ def export(
     _console().info(f"wrote {export_ctranslate2(model_dir, output, quantization)}")
 
 
+class _Terminated(BaseException):
+    """SIGTERM as an exception, so ``finally`` blocks remove temporary files on the way out."""
+
+
+def _terminate(signum, frame) -> None:
+    raise _Terminated()
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and an exit code."""
     from nmtkit.errors import NmtkitError
 
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # training installs its own, for a clean stop
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except NmtkitError as err:
@@ -342,3 +365,6 @@ def main() -> None:
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)
         sys.exit(130)
+    except _Terminated:
+        print("nmtkit: terminated", file=sys.stderr)
+        sys.exit(143)

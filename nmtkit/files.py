@@ -2,12 +2,19 @@
 
 Everything nmtkit writes goes to a temporary name in the same directory and is renamed
 into place, so a killed process never leaves a half-written file that looks finished.
+Temporary names say whose they are, ``.NAME.nmtkit-HOST-PID-RANDOM.tmp``: one that a
+``kill -9`` left behind is removed by the next write beside NAME, but only when HOST is this
+machine, process PID no longer runs and the current user owns it.
 """
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
+import re
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -16,6 +23,59 @@ from nmtkit.errors import DataError, NmtkitError
 
 UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) ...
 os.umask(UMASK)  # ... and put it back
+_HOST = re.sub(r"\W", "_", socket.gethostname())[:32] or "host"
+_NAME_CHARS = 80  # of NAME kept in a temporary name (file names are limited to 255 bytes)
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name[:_NAME_CHARS]}.nmtkit-{_HOST}-"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; not a pid we would write
+        return True
+    return True
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete temporary siblings of ``path`` that a dead nmtkit process of this user on this
+    machine left behind; return them."""
+    prefix = _temp_prefix(path)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-\w+\.tmp$")
+    removed = []
+    for candidate in path.parent.glob(f"{glob.escape(prefix)}*.tmp") if path.parent.is_dir() else []:
+        match = pattern.match(candidate.name)
+        if not match or int(match.group(1)) == os.getpid() or _running(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another cleaner was first
+            if candidate.lstat().st_uid != os.geteuid():
+                continue
+            if candidate.is_dir() and not candidate.is_symlink():
+                shutil.rmtree(candidate)
+            else:
+                candidate.unlink()
+            removed.append(candidate)
+    return removed
+
+
+def temp_sibling(path: str | Path, directory: bool = False) -> Path:
+    """A new temporary file (or directory) beside ``path``, named as ours, with the usual
+    permissions; stale ones of dead nmtkit processes are removed first."""
+    path = Path(path)
+    remove_stale_temps(path)
+    prefix = f"{_temp_prefix(path)}{os.getpid()}-"
+    if directory:
+        tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600
+    return Path(tmp)
 
 
 @contextlib.contextmanager
@@ -23,10 +83,9 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     """Open a temp file beside ``path``; on success fsync and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = temp_sibling(path)
     try:
-        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as handle:
+        with open(tmp, mode, encoding=None if "b" in mode else encoding) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -54,6 +113,19 @@ def exclusive(directory: Path, holder: str) -> Iterator[None]:
         except OSError:
             raise NmtkitError(f"{directory} is in use by {holder}; wait for it to finish") from None
         yield
+
+
+def replace_directory(tmp: Path, out_dir: Path) -> None:
+    """Move the finished directory ``tmp`` to ``out_dir``, replacing what is there (the caller
+    has checked it may) with two renames: ``out_dir`` -> ``.NAME.old``, ``tmp`` -> ``out_dir``."""
+    if not out_dir.exists():
+        os.replace(tmp, out_dir)
+        return
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

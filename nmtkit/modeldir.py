@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -27,11 +26,12 @@ from nmtkit import __version__
 from nmtkit.config import ModelConfig, model_config_from_dict
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
-from nmtkit.files import UMASK, atomic_write_text, sha256_file
+from nmtkit.files import UMASK, atomic_write_text, replace_directory, sha256_file, temp_sibling
 from nmtkit.models.base import Seq2Seq
 from nmtkit.models.build import build_model
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
+MODEL_FILES = (WEIGHTS, CONFIG)  # besides the SentencePiece model(s) that config.json names
 
 
 @dataclass
@@ -75,11 +75,10 @@ def _save_file(weights: dict[str, torch.Tensor], filename: str, shown: Path) -> 
 
 
 def write_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = temp_sibling(path)
     try:
-        _save_file(weights, tmp, path)
-        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp (and safetensors) make 0600
+        _save_file(weights, str(tmp), path)
+        os.chmod(tmp, 0o666 & ~UMASK)  # safetensors makes 0600
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -112,9 +111,8 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = temp_sibling(out_dir, directory=True)
     try:
-        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; give the directory the usual permissions
         weights = weights if weights is not None else state_dict_for_save(model)
         write_weights(tmp / WEIGHTS, weights)
         spm_names = {}
@@ -133,17 +131,10 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
         if write_extra is not None:
             write_extra(tmp)
         atomic_write_text(tmp / CONFIG, json.dumps(meta, indent=2) + "\n")
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except OSError as err:  # a full disk, a quota, a read-only file system
+        replace_directory(tmp, out_dir)
+    except OSError as err:  # a full disk, a quota, a read-only file system: a runtime failure
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write {out_dir}: {err.strerror or err}; nothing was replaced") from err
+        raise NmtkitError(f"cannot write {out_dir}: {err.strerror or err}; nothing was replaced") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -161,6 +152,24 @@ def read_meta(model_dir: str | Path) -> dict:
     if not isinstance(meta, dict) or "model" not in meta:
         raise CheckpointError(f"{path}: not an nmtkit model config")
     return meta
+
+
+def model_dir_problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a complete model directory as ``save_model_dir`` writes it (None:
+    it is one, so an explicit ``-o`` may replace it)."""
+    try:
+        meta = read_meta(path)
+    except CheckpointError:
+        return f"is not an nmtkit model directory (no readable {CONFIG})"
+    spm = meta.get("spm") if isinstance(meta.get("spm"), dict) else {}
+    expected = {*MODEL_FILES, *map(str, spm.values())}
+    missing = sorted(name for name in expected if not (path / name).is_file())
+    if missing:
+        return f"is an incomplete model directory (no {missing[0]})"
+    for entry in sorted(path.iterdir()):
+        if entry.name not in expected or entry.is_symlink() or not entry.is_file():
+            return f"holds {entry.name}, which is not part of a model directory"
+    return None
 
 
 def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:

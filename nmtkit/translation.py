@@ -14,14 +14,30 @@ from typing import IO, Callable, Iterator, Optional, Sequence
 
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import atomic_open, decode_line
+from nmtkit.files import check_readable, decode_line
+from nmtkit.outputs import check_output_file, is_stream, open_output
 
 CHUNK_LINES = 10_000  # lines read, translated and written at a time
 
 
+def resolve_engine(model_dirs: Sequence[str | Path], engine: str) -> str:
+    """The engine for ``model_dirs``: ctranslate2 for exports (``nmtkit export`` writes
+    nmtkit.json), torch for model directories; an explicit ``engine`` must agree."""
+    from nmtkit.ctranslate2.export import META
+
+    exported = [str(d) for d in model_dirs if (Path(d) / META).is_file()]
+    if exported and len(exported) < len(model_dirs):
+        raise ConfigError(f"cannot ensemble the CTranslate2 export {exported[0]} with torch model directories")
+    if exported and engine == "torch":
+        raise ConfigError(f"{exported[0]} is a CTranslate2 export ({META}): leave out --engine or use --engine ctranslate2")
+    if engine == "auto":
+        return "ctranslate2" if exported else "torch"
+    return engine
+
+
 def open_engine(model_dirs: Sequence[str], options: TranslateOptions):
-    """The search engine ``options.engine`` names, loaded from ``model_dirs``."""
-    if options.engine == "ctranslate2":
+    """The search engine for ``model_dirs`` (``options.engine``, auto: from the directories)."""
+    if resolve_engine(model_dirs, options.engine) == "ctranslate2":
         from nmtkit.ctranslate2.engine import CT2Engine
 
         if len(model_dirs) != 1:
@@ -34,27 +50,33 @@ def open_engine(model_dirs: Sequence[str], options: TranslateOptions):
 
 def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
                    options: TranslateOptions, console) -> None:
-    """Translate a file (or stdin) to a file (atomically, with a progress bar) or stdout.
-    The input is checked before any model loads."""
+    """Translate a file (or stdin) to a file (atomically, with a progress bar; a device or
+    named pipe directly) or stdout. The output and the input are checked before any model loads."""
     options.validate()
+    output_path = check_output_file(output_path)
     total = None
     if input_path is not None:
-        input_path = Path(input_path)
-        if not input_path.is_file():
-            raise DataError(f"input file not found: {input_path}")
-        total = count_lines(input_path, options.errors)
+        input_path = check_readable(input_path)
+        if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
+            total = count_lines(input_path, options.errors)
     engine = open_engine(model_dirs, options)
     console.detail(f"translating {engine.description}")
     translator = Translator(engine, options)
     source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer
     name = str(input_path) if input_path is not None else "<stdin>"
+    done = [0]  # input lines translated and written
     try:
         if output_path is None:
-            _stream(translator, source, name, sys.stdout.buffer, None)
+            _stream(translator, source, name, sys.stdout.buffer, None, done)
         else:
-            with atomic_open(output_path, "wb") as out, console.progress() as bar:
+            with open_output(output_path) as out, console.progress() as bar:
                 task = bar.add_task("translating", total=total)
-                _stream(translator, source, name, out, lambda n: bar.advance(task, n))
+                _stream(translator, source, name, out, lambda n: bar.advance(task, n), done)
+    except DataError as err:  # undecodable input met while streaming: say what the output holds
+        where = "stdout" if output_path is None else str(output_path)
+        if done[0] == 0 or (output_path is not None and not is_stream(output_path)):
+            raise DataError(f"{err}; nothing was written to {where}") from None
+        raise DataError(f"{err}; the {done[0]} line(s) before it were translated and written to {where}") from None
     finally:
         if input_path is not None:
             source.close()
@@ -62,10 +84,16 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
 
 
 def read_chunks(handle: IO[bytes], name: str, errors: str, size: int = CHUNK_LINES) -> Iterator[list[str]]:
-    """Lines of a binary stream, decoded and stripped of \\n / \\r\\n, ``size`` at a time."""
+    """Lines of a binary stream, decoded and stripped of \\n / \\r\\n, ``size`` at a time.
+    Before a DataError for an undecodable line, the lines before it come as a last chunk."""
     chunk = []
     for lineno, raw in enumerate(handle, 1):
-        chunk.append(decode_line(raw, name, lineno, errors))
+        try:
+            chunk.append(decode_line(raw, name, lineno, errors))
+        except DataError:
+            if chunk:
+                yield chunk
+            raise
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -84,10 +112,10 @@ def count_lines(path: Path, errors: str) -> int:
 
 
 def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes],
-            progress: Optional[Callable[[int], None]]) -> None:
-    done = 0
-    for chunk in read_chunks(source, name, translator.options.errors):
-        lines = translator.translate(chunk, first_index=done, progress=progress)
+            progress: Optional[Callable[[int], None]], done: list[int]) -> None:
+    """Translate ``source`` chunk by chunk into ``out``, counting finished lines in ``done[0]``."""
+    for chunk in read_chunks(source, name, translator.options.errors, CHUNK_LINES):
+        lines = translator.translate(chunk, first_index=done[0], progress=progress)
         out.write("".join(line + "\n" for line in lines).encode("utf-8"))
         out.flush()
-        done += len(chunk)
+        done[0] += len(chunk)

@@ -7,7 +7,11 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +150,168 @@ def test_score_reads_pipes_and_dev_stdin(tmp_path):
     assert result.returncode == 0, result.stderr.decode()
     assert round(json.loads(result.stdout)["scores"]["bleu"]["score"], 9) == 100.0
     assert "is a directory" in one_line_error(run_cli("score", "-r", str(ref), "-i", str(tmp_path)))
+
+
+# --- n-best lists (item 4) -----------------------------------------------------------------
+
+FAST = ("--beam-size", "3", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu")
+
+
+def test_nbest_gives_n_attributable_lines_for_every_input_line(model_dir):
+    lines = ["the cat sat", "", "   ", "a dog ran under the mat"]
+    result = run_cli("translate", "-m", str(model_dir), *FAST, "--nbest", "3", "--alignments",
+                     input="".join(line + "\n" for line in lines))
+    assert result.returncode == 0, result.stderr.decode()
+    rows = [row.split("\t") for row in result.stdout.decode("utf-8").splitlines()]
+    assert len(rows) == 3 * len(lines)
+    assert [int(row[0]) for row in rows] == [i for i in range(len(lines)) for _ in range(3)]
+    assert all(len(row) == 4 for row in rows)  # index, score, text, alignments
+    for i in range(len(lines)):
+        scores = [float(row[1]) for row in rows[3 * i:3 * i + 3]]
+        assert scores == sorted(scores, reverse=True)
+    assert rows[3] == ["1", "0.0000", "", ""] and rows[4] == rows[5] == ["1", "-inf", "", ""]
+    assert "exactly N lines per input line" in help_text("translate")
+
+
+# --- -o: never destroy what nmtkit did not create (item 13) ----------------------------------
+
+def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_dir):
+    text = "the cat sat\n\na red dog\n"
+    expected = run_cli("translate", "-m", str(model_dir), *FAST, input=text).stdout
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(fifo), input=text)
+    reader.join()
+    assert result.returncode == 0, result.stderr.decode()
+    assert fifo.is_fifo() and received == [expected]  # written in place, not replaced by a file
+
+    target, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    assert run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(link), input=text).returncode == 0
+    assert link.is_symlink() and target.read_bytes() == expected  # the link is followed, not replaced
+    device_link = tmp_path / "null"
+    device_link.symlink_to("/dev/null")
+    assert run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(device_link), input=text).returncode == 0
+    assert Path("/dev/null").is_char_device() and device_link.is_symlink()
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("mine\n")
+    for output, fragment in (("", "-o is empty"), (str(tmp_path), "is a directory"),
+                             (str(plain / "out.txt"), f"{plain} is not a directory")):
+        # checked before the model is even looked for: the (missing) model is not the error
+        message = one_line_error(run_cli("translate", "-m", str(tmp_path / "no-model"), "-o", output, input=text))
+        assert fragment in message
+    assert plain.read_text() == "mine\n"
+
+
+def fake_checkpoints(run: Path, model_dir: Path, steps: tuple[int, ...]) -> Path:
+    """``fake_run`` whose checkpoints carry a trainer.json, as real ones do."""
+    fake_run(run, model_dir, steps)
+    for step in steps:
+        (run / "checkpoints" / f"step_{step:08d}" / "trainer.json").write_text("{}\n")
+    (run / "metrics.jsonl").write_text('{"type": "train", "step": 10, "loss": 3.0, "lr": 0.001}\n')
+    return run
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_dir):
+    run = fake_checkpoints(tmp_path / "run", model_dir, (10, 20))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("mine\n")
+    before = tree(tmp_path)
+    refusals = [("average", str(run), "-o", str(run)), ("average", str(run), "-o", str(mine)),
+                ("average", str(run), "-o", str(plain)), ("average", str(run), "-o", ""),
+                ("average", str(run), "-o", str(run / "checkpoints" / "step_00000010")),
+                ("average", str(run), "-o", str(plain / "avg")),
+                ("export", str(model_dir), "-o", str(mine)), ("export", str(model_dir), "-o", str(plain)),
+                ("export", str(model_dir), "-o", str(model_dir)),
+                ("plot", str(run), "-o", str(mine)), ("attention", "-m", str(model_dir), "the cat", "-o", str(mine))]
+    for args in refusals:
+        assert "-o" in one_line_error(run_cli(*args)), args
+    assert tree(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine", "plain.txt", "run"]
+    averaged = tmp_path / "averaged"
+    for _ in range(2):  # a model directory that average wrote may be replaced
+        result = run_cli("average", str(run), "-o", str(averaged))
+        assert result.returncode == 0, result.stderr.decode()
+    assert sorted(p.name for p in averaged.iterdir()) == ["config.json", "model.safetensors", "spm.model"]
+
+
+# --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------
+
+def start_translation(model_dir: Path, output: Path) -> subprocess.Popen:
+    """A translation to ``output`` that waits on its stdin, once its temporary file exists."""
+    process = subprocess.Popen([sys.executable, "-m", "nmtkit", "translate", "-m", str(model_dir), *FAST,
+                                "-o", str(output)], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 300
+    while not list(output.parent.glob(f".{output.name}.nmtkit-*.tmp")):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()
+        time.sleep(0.2)
+    return process
+
+
+def test_temp_files_of_killed_translations_are_removed(tmp_path, model_dir):
+    out = tmp_path / "out.txt"
+    terminated = start_translation(model_dir, out)
+    terminated.send_signal(signal.SIGTERM)
+    assert terminated.wait(60) == 143 and b"terminated" in terminated.stderr.read()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # SIGTERM: cleaned on the way out
+
+    killed = start_translation(model_dir, out)
+    killed.kill()
+    killed.wait(60)
+    killed.stderr.close()
+    [left] = tmp_path.glob(".out.txt.nmtkit-*.tmp")
+    alive = tmp_path / left.name.replace(f"-{killed.pid}-", f"-{os.getpid()}-")  # a running process's
+    alive.write_text("")
+    unrelated = tmp_path / ".out.txt.mine.tmp"
+    unrelated.write_text("")
+    result = run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(out), input="the cat\n")
+    assert result.returncode == 0, result.stderr.decode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unrelated.name, "out.txt"])
+
+
+def test_invalid_utf8_while_streaming_says_what_was_written(tmp_path, model_dir):
+    good = ["the cat sat", "", "a dog", "the red house", "on the mat"]
+    data = "".join(line + "\n" for line in good).encode("utf-8") + b"the \xff dog\nthe cat\n"
+    expected = run_cli("translate", "-m", str(model_dir), *FAST, input="".join(line + "\n" for line in good))
+    result = run_cli("translate", "-m", str(model_dir), *FAST, input=data)
+    message = one_line_error(result)
+    assert "<stdin>: line 6 is not valid UTF-8" in message
+    assert "the 5 line(s) before it were translated and written to stdout" in message
+    assert result.stdout == expected.stdout  # exactly the lines before the bad one
+    out = tmp_path / "out.txt"
+    message = one_line_error(run_cli("-q", "translate", "-m", str(model_dir), *FAST, "-o", str(out), input=data))
+    assert f"line 6 is not valid UTF-8 (byte 4); nothing was written to {out}" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- exit codes (item 9) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ("translate", "-m", "{missing}"), ("average", "{missing}"), ("score", "-r", "{missing}", "-i", "{missing}"),
+    ("export", "{missing}", "-o", "{tmp}/out"), ("attention", "-m", "{missing}", "the cat", "-o", "{tmp}/a.png"),
+    ("plot", "{missing}", "-o", "{tmp}/c.png"), ("info", "{missing}"),
+])
+def test_a_missing_input_exits_2(tmp_path, args):
+    args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in args]
+    message = one_line_error(run_cli(*args, input=b"the cat\n"), code=2)
+    assert str(tmp_path / "missing") in message
+
+
+def test_a_failed_write_exits_1(tmp_path, model_dir):
+    full = tmp_path / "full"
+    full.symlink_to("/dev/full")  # a device whose writes fail with ENOSPC
+    message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(full), input="the cat\n"),
+                             code=1)
+    assert "No space left on device" in message

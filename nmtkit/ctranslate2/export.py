@@ -23,18 +23,19 @@ RNN models have no CTranslate2 counterpart and are refused.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text
+from nmtkit.files import atomic_write_text, replace_directory, temp_sibling
 from nmtkit.modeldir import load_model_dir
 
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 META = "nmtkit.json"  # our metadata beside CTranslate2's config.json
+# what an export directory holds besides the SentencePiece model(s): CTranslate2's files and META
+EXPORT_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
+                          "target_vocabulary.json", META})
 LAYERNORM_EPS, RMSNORM_EPS = 1e-5, 1e-6  # nn.LayerNorm's default; layers.RMSNorm's
 
 
@@ -124,11 +125,30 @@ def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
     return spec, ctranslate2.__version__
 
 
+def export_dir_problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a complete export as ``export_ctranslate2`` writes it (None: it is
+    one, so an explicit ``-o`` may replace it)."""
+    try:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+        spm = set(map(str, meta["spm"].values()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return f"is not a CTranslate2 export of nmtkit (no readable {META})"
+    if not (path / "model.bin").is_file():
+        return "is an incomplete CTranslate2 export (no model.bin)"
+    for entry in sorted(path.iterdir()):
+        if entry.name not in EXPORT_FILES | spm or entry.is_symlink() or not entry.is_file():
+            return f"holds {entry.name}, which is not part of a CTranslate2 export"
+    return None
+
+
 def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: Optional[str] = None) -> Path:
     """Write ``model_dir`` as a CTranslate2 model directory ``out_dir`` (atomically: a temp
     sibling renamed into place). ``quantization`` None keeps float32 weights."""
+    from nmtkit.outputs import check_output_dir
+
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+    out_dir = check_output_dir(out_dir, export_dir_problem)
     loaded = load_model_dir(model_dir)
     cfg = loaded.model_cfg
     if cfg.arch != "transformer":
@@ -136,9 +156,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     pieces = tuple([vocab.sp.IdToPiece(i) for i in range(len(vocab))] for vocab in (loaded.src_vocab, loaded.tgt_vocab))
     spec, ct2_version = build_spec(loaded.model, pieces)
     spec.optimize(quantization=quantization)
-    out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = temp_sibling(out_dir, directory=True)
     try:
         spec.save(str(tmp))
         for name in set(loaded.meta["spm"].values()):
@@ -148,11 +167,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
                 "max_positions": cfg.max_positions, "heads": cfg.heads,
                 "model": loaded.meta["model"], **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang") if k in loaded.meta}}
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
-        if out_dir.exists():
-            if not (out_dir / META).is_file():
-                raise ConfigError(f"{out_dir} exists and is not a CTranslate2 export; choose another -o")
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        replace_directory(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

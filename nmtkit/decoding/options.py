@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from nmtkit.config import DecodeConfig
 from nmtkit.errors import ConfigError
 
+ENGINES = ("auto", "torch", "ctranslate2")
+
 
 @dataclass
 class TranslateOptions(DecodeConfig):
     """``DecodeConfig`` (beam_size, lenpen, max_len_a/b, min_len, batch_tokens, nbest; nbest > 1
-    writes "index \\t score \\t text" lines, best first) plus the settings below."""
+    writes exactly nbest "index \\t score \\t text" lines per input line, best first) plus the
+    settings below."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: Linear layers quantised dynamically)
@@ -26,7 +29,7 @@ class TranslateOptions(DecodeConfig):
     temperature: float = 1.0
     seed: int = 1
     errors: str = "strict"  # invalid UTF-8: strict (error) | replace
-    engine: str = "torch"  # torch | ctranslate2
+    engine: str = "auto"  # auto (from the model directory) | torch | ctranslate2
 
     @classmethod
     def from_decode(cls, decode: DecodeConfig, **settings) -> "TranslateOptions":
@@ -36,8 +39,8 @@ class TranslateOptions(DecodeConfig):
     def validate(self) -> None:
         """Raise ConfigError for settings a user can get wrong."""
         problems = []
-        if self.engine not in ("torch", "ctranslate2"):
-            problems.append(f"--engine must be torch or ctranslate2, not {self.engine!r}")
+        if self.engine not in ENGINES:
+            problems.append(f"--engine must be auto, torch or ctranslate2, not {self.engine!r}")
         if self.errors not in ("strict", "replace"):
             problems.append(f"--errors must be strict or replace, not {self.errors!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):

@@ -70,8 +70,13 @@ class Translator:
         return sources
 
     def format(self, index: int, hyps: list[Hypothesis], src_pieces: int) -> str:
-        """The output line(s) of input ``index``."""
+        """The output line(s) of input ``index``. With nbest > 1 always exactly nbest lines: when the
+        search found fewer hypotheses (always, for an empty input), the rest have an empty text and
+        score -inf."""
         o = self.options
+        hyps = hyps or [Hypothesis([], 0.0, 0.0)]
+        if o.nbest > 1:
+            hyps = hyps[:o.nbest] + [Hypothesis([], float("-inf"), float("-inf"))] * (o.nbest - len(hyps))
         fields = []
         for hyp in hyps:
             text = self.text(hyp)

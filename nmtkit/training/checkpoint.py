@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from nmtkit.errors import CheckpointError, NmtkitError
+from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, sha256_file
 from nmtkit.modeldir import (CONFIG, WEIGHTS, read_meta, read_weights, save_model_dir, state_dict_for_save,
                              write_weights)
@@ -186,9 +186,15 @@ def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | P
                         warn: Optional[Callable[[str], None]] = None) -> Path:
     """Average the weights of the newest ``last`` checkpoints into a model directory; with
     fewer checkpoints than ``last``, all of them, said through ``warn``."""
-    from nmtkit.modeldir import load_model_dir
+    from nmtkit.modeldir import load_model_dir, model_dir_problem
+    from nmtkit.outputs import check_output_dir
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run directory not found: {run_dir}")
+    out = check_output_dir(output if output is not None else run_dir / "averaged", model_dir_problem)
+    if out.resolve().parent == (run_dir / "checkpoints").resolve():
+        raise ConfigError(f"-o {output}: a checkpoint of the run; write the average elsewhere")
     dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run_dir}: no checkpoints to average (expected {run_dir}/checkpoints/step_*)")
@@ -206,6 +212,5 @@ def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | P
     averaged = {k: (v / len(chosen)).to(newest.model.state_dict()[k].dtype) for k, v in total.items()}
     meta = {k: v for k, v in newest.meta.items() if k not in ("model", "spm", "weights_sha256", "nmtkit_version")}
     meta["averaged_from"] = [p.name for p in chosen]
-    out = Path(output) if output else run_dir / "averaged"
     return save_model_dir(newest.model, newest.model_cfg, out, chosen[-1] / newest.meta["spm"]["src"],
                           chosen[-1] / newest.meta["spm"]["tgt"], meta, weights=averaged)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.viz.figure import new_figure, save_figure
+from nmtkit.viz.figure import check_image_path, new_figure, save_figure
 
 
 @dataclass
@@ -151,6 +151,8 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")
     if head is not None and grid:
         raise ConfigError("--grid shows every head: leave out --head")
+    if fmt == "png":
+        check_image_path(out)  # before translating
     att = sentence_attention(load_model_dir(model_dir, device=resolve_device(device)), sentence, beam_size)
     att.check(layer, head)
     if fmt == "json":

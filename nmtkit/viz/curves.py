@@ -13,7 +13,7 @@ from typing import Sequence
 
 from nmtkit.errors import ConfigError
 from nmtkit.runlog import read_metrics
-from nmtkit.viz.figure import new_figure, save_figure
+from nmtkit.viz.figure import check_image_path, new_figure, save_figure
 
 # (record type, field, panel title)
 PANELS = (("train", "loss", "training loss"), ("valid", "dev_loss", "dev loss"),
@@ -71,6 +71,7 @@ def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step"
         raise ConfigError(f"--x {x!r}: expected one of {', '.join(X_AXES)}")
     if not run_dirs:
         raise ConfigError("no run directory given")
+    check_image_path(out)  # before reading anything
     runs = [(label, read_metrics(d)) for label, d in zip(labels or run_labels(run_dirs), run_dirs)]
     curves = [[series(records, kind, field, x) for kind, field, _ in PANELS] for _, records in runs]
     longest = max((max(xs) for run in curves for xs, _ in run if xs), default=0.0)

@@ -23,27 +23,42 @@ def parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def new_figure(width: int, height: int):
-    """An empty Figure of ``width`` x ``height`` pixels with constrained layout."""
+def check_image_path(path: str | Path) -> tuple[Path, str]:
+    """The image file ``-o`` names (see nmtkit.outputs) and its format, the suffix of ``path``."""
+    from nmtkit.outputs import check_output_file
+
+    target = check_output_file(path)
+    kind = Path(path).suffix.lstrip(".").lower()
+    supported = _canvas().get_supported_filetypes()
+    if kind not in supported:
+        raise ConfigError(f"{path}: unknown image format {kind!r}; use one of {', '.join(sorted(supported))}")
+    return target, kind
+
+
+def _canvas():
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
     except ImportError:
         raise NmtkitError("plotting needs matplotlib: pip install 'nmtkit[plot]'") from None
+    return FigureCanvasAgg
+
+
+def new_figure(width: int, height: int):
+    """An empty Figure of ``width`` x ``height`` pixels with constrained layout."""
+    canvas = _canvas()
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
+    canvas(fig)
     return fig
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Write ``fig`` in the format its suffix names (png, pdf, svg, ...), atomically."""
-    from nmtkit.files import atomic_open
+    """Write ``fig`` in the format its suffix names (png, pdf, svg, ...), atomically (a device
+    or named pipe directly)."""
+    from nmtkit.outputs import open_output
 
-    path = Path(path)
-    kind = path.suffix.lstrip(".").lower()
-    supported = fig.canvas.get_supported_filetypes()
-    if kind not in supported:
-        raise ConfigError(f"{path}: unknown image format {kind!r}; use one of {', '.join(sorted(supported))}")
-    with atomic_open(path, "wb") as handle:
+    target, kind = check_image_path(path)
+    with open_output(target, "wb") as handle:
         fig.savefig(handle, format=kind, dpi=DPI)
-    return path
+    return Path(path)
