@@ -315,3 +315,21 @@ def test_a_failed_write_exits_1(tmp_path, model_dir):
     message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(full), input="the cat\n"),
                              code=1)
     assert "No space left on device" in message
+
+
+# --- an exported model is translated by CTranslate2 without --engine (item 6) ------------------
+
+def test_translate_detects_an_export_directory(tmp_path, model_dir):
+    pytest.importorskip("ctranslate2")
+    from nmtkit.models.export_ct2 import export_ctranslate2
+
+    exported = export_ctranslate2(model_dir, tmp_path / "model.ct2")
+    text = "the cat sat\n\na red dog\n"
+    auto = run_cli("translate", "-m", str(exported), *FAST, input=text)
+    explicit = run_cli("translate", "-m", str(exported), *FAST, "--engine", "ctranslate2", input=text)
+    assert auto.returncode == 0, auto.stderr.decode()
+    assert auto.stdout == explicit.stdout and len(auto.stdout.splitlines()) == 3
+    message = one_line_error(run_cli("translate", "-m", str(exported), "--engine", "torch", input=text))
+    assert "is a CTranslate2 export" in message and "leave out --engine" in message
+    message = one_line_error(run_cli("translate", "-m", str(exported), "-m", str(model_dir), input=text))
+    assert "cannot ensemble the CTranslate2 export" in message

@@ -197,7 +197,7 @@ def test_damaged_checkpoints_are_named_and_train_falls_back(tmp_path, prepared, 
     weights.write_bytes(weights.read_bytes()[:200])  # truncated
     (step4 / "trainer.json").write_text('{"trainer": {"step": ')  # torn JSON
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(step6), "-i", str(recipe))
-    assert_error(code, err, 1, f"{weights}: checksum mismatch (truncated or corrupt file)")
+    assert_error(code, err, 2, f"{weights}: checksum mismatch (truncated or corrupt file)")  # bad input
 
     (tmp_path / "train" / "config.yaml").write_text("model: [")  # the record of the previous settings
     code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=8")
@@ -215,7 +215,7 @@ def test_damaged_checkpoints_are_named_and_train_falls_back(tmp_path, prepared, 
     for path in checkpoint_dirs(tmp_path / "train"):
         (path / "trainer.safetensors").write_bytes(b"\x00" * 16)
     code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe), "train.max_steps=10")
-    assert_error(code, err, 1, "no readable checkpoint in", "--restart")
+    assert_error(code, err, 2, "no readable checkpoint in", "--restart")
 
 
 # --- numerical faults, out of memory, a full disk -------------------------------------------------
