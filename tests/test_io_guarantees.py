@@ -312,8 +312,8 @@ def test_a_missing_input_exits_2(tmp_path, args):
 def test_a_failed_write_exits_1(tmp_path, model_dir):
     full = tmp_path / "full"
     full.symlink_to("/dev/full")  # a device whose writes fail with ENOSPC
-    message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(full), input="the cat\n"),
-                             code=1)
+    message = one_line_error(run_cli("-q", "translate", "-m", str(model_dir), *FAST, "-o", str(full),
+                                     input="the cat\n"), code=1)
     assert "No space left on device" in message
 
 

@@ -119,7 +119,7 @@ def test_model_weights_that_are_pickles_are_refused(trained, tmp_path, monkeypat
     plant(model / "model.safetensors", MAKERS[kind](marker), model / "config.json", "weights_sha256")
     (tmp_path / "in.txt").write_text("a b c\n")
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(tmp_path / "in.txt"))
-    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"nmtkit: error: {model / 'model.safetensors'}: not a readable safetensors file")
     assert not marker.exists()
 
@@ -142,7 +142,7 @@ def test_checkpoint_tensors_that_are_pickles_are_refused(trained, tmp_path, monk
     recipe = tmp_path / "work" / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace(str(trained), str(tmp_path / "work")))
     code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe), "train.max_steps=4")
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
     assert err.splitlines()[-1].startswith("nmtkit: error: no readable checkpoint in")
     assert not marker.exists()
 
