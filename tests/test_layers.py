@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 LAYERS = (
     ("", "errors", "specials", "allocator", "console", "workdir"),
     ("files", "device", "runlog"),
-    ("config",),
+    ("config", "outputs"),
     ("data", "models", "scoring"),
     ("modeldir",),
     ("decoding",),
