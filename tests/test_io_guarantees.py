@@ -321,7 +321,7 @@ def test_a_failed_write_exits_1(tmp_path, model_dir):
 
 def test_translate_detects_an_export_directory(tmp_path, model_dir):
     pytest.importorskip("ctranslate2")
-    from nmtkit.models.export_ct2 import export_ctranslate2
+    from nmtkit.ctranslate2.export import export_ctranslate2
 
     exported = export_ctranslate2(model_dir, tmp_path / "model.ct2")
     text = "the cat sat\n\na red dog\n"
