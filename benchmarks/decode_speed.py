@@ -57,10 +57,15 @@ class Counting:
 def torch_translator(cfg: dict, options):
     import torch
 
+    from nmtkit.compiler import compile_decoder
+    from nmtkit.console import get_console
     from nmtkit.decoding.torch_engine import TorchEngine, load_models
     from nmtkit.decoding.translate import Translator
 
-    return Translator(TorchEngine.from_loaded(load_models([cfg["model"]], torch.device(cfg["device"])), options), options)
+    engine = TorchEngine.from_loaded(load_models([cfg["model"]], torch.device(cfg["device"])), options)
+    if cfg.get("compile"):  # as translate --compile does
+        engine.model = compile_decoder(engine.model, engine.device, get_console())
+    return Translator(engine, options)
 
 
 class MarianForced:
@@ -182,13 +187,16 @@ def child(cfg: dict) -> None:
     translator = make_translator(cfg)
     load_s = time.perf_counter() - start
     counter = translator if cfg["engine"] in ("hf", "ct2direct") else Counting(translator)
+    start = time.perf_counter()
     translator.translate(lines[:cfg["warmup"]])
+    warmup_s = time.perf_counter() - start  # with --compile: the compile time included
     counter.tokens = 0
     start = time.perf_counter()
     outputs = translator.translate(lines)
     seconds = time.perf_counter() - start
     Path(cfg["output"]).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")
-    print(json.dumps({"load_s": round(load_s, 2), "decode_s": round(seconds, 4), "sentences": len(lines),
+    print(json.dumps({"load_s": round(load_s, 2), "warmup_s": round(warmup_s, 2), "decode_s": round(seconds, 4),
+                      "sentences": len(lines),
                       "tgt_tokens": counter.tokens, "sent_s": round(len(lines) / seconds, 2),
                       "tgt_tok_s": round(counter.tokens / seconds, 1), "self_peak_rss_mib": common.peak_rss_mib()}))
 
@@ -219,12 +227,14 @@ def export_for_ct2(model_dir: str, scratch: Path) -> Path:
     return export_ctranslate2(model_dir, scratch / "ct2")
 
 
-def run_config(args, engine: str, dtype: str, beam: int, forced_len, scratch: Path, ct2_dir, src_path: Path) -> dict:
+def run_config(args, engine: str, dtype: str, beam: int, forced_len, scratch: Path, ct2_dir, src_path: Path,
+               compile: bool = False) -> dict:
     tag = f"{engine}-{dtype}-b{beam}" + (f"-forced{forced_len}" if forced_len else "")
+    tag += "-compiled" if compile else ""
     cfg = {"engine": engine, "dtype": dtype, "beam": beam, "forced_len": forced_len, "model": args.model,
            "ct2_model": str(ct2_dir) if ct2_dir else None, "input": str(src_path), "output": str(scratch / f"{tag}.txt"),
            "max_sentences": args.max_sentences, "warmup": args.warmup, "batch_tokens": args.batch_tokens,
-           "threads": args.threads, "device": args.device}
+           "threads": args.threads, "device": args.device, "compile": compile}
     argv = [common.python(), str(Path(__file__).resolve()), "--child", json.dumps(cfg)]
     load_before = common.load_average()
     done = common.run_child(argv, threads=args.threads)
@@ -233,6 +243,7 @@ def run_config(args, engine: str, dtype: str, beam: int, forced_len, scratch: Pa
     result = common.last_json_line(done["stdout"])
     record = {"config": tag, "engine": engine, "dtype": dtype, "beam": beam, "forced_len": forced_len, **result,
               "peak_rss_mib": done["peak_rss_mib"], "threads": args.threads, "load_before": load_before,
+              "recompiles": done["stderr"].count("Recompiling function"),  # counted with TORCH_LOGS=recompiles
               "load_after": common.load_average(), "output": cfg["output"]}
     if args.keep_outputs:
         Path(args.out).mkdir(parents=True, exist_ok=True)

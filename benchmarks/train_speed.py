@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import common
 
@@ -35,8 +36,10 @@ def default_recipe(data: Path) -> Path:
     return run_config if run_config.is_file() else common.REPO / "recipes" / "quickstart.yaml"
 
 
-def bench_recipe(recipe: Path, model_meta: dict, workdir: Path, args, dtype: str) -> dict:
-    """The recipe, with the model's settings and a short run that only measures."""
+def bench_recipe(recipe: Path, model_meta: dict, workdir: Path, args, dtype: str,
+                 overrides: Optional[dict] = None) -> dict:
+    """The recipe, with the model's settings and a short run that only measures (plus
+    ``overrides`` of train settings, e.g. compile or threads)."""
     import yaml
 
     cfg = yaml.safe_load(recipe.read_text(encoding="utf-8")) or {}
@@ -50,7 +53,7 @@ def bench_recipe(recipe: Path, model_meta: dict, workdir: Path, args, dtype: str
     train = cfg.setdefault("train", {})
     train.update(max_steps=args.steps, log_every=args.log_every, validate_every=args.steps, save_every=10 ** 9,
                  keep_last=1, best_metric="loss", dtype=dtype, device=args.device, max_minutes=0,
-                 max_epochs=0, patience=0, tensorboard=False)
+                 max_epochs=0, patience=0, tensorboard=False, **(overrides or {}))
     if args.max_tokens:
         train["max_tokens"] = args.max_tokens
     return cfg
@@ -60,8 +63,11 @@ def steady_state(metrics_path: Path, skip: int) -> dict:
     rows = [json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     rates = [r["tgt_tok_s"] for r in rows if r.get("type") == "train"]
     kept = rates[skip:] or rates[-1:]
+    clock = [0.0] + [r["train_seconds"] for r in rows if r.get("type") == "train"]
+    durations = [b - a for a, b in zip(clock, clock[1:])]  # seconds per window (the first: start-up included)
     return {"windows_tok_s": rates, "tgt_tok_s": round(statistics.median(kept), 1),
-            "tgt_tok_s_min": min(kept), "tgt_tok_s_max": max(kept)}
+            "tgt_tok_s_min": min(kept), "tgt_tok_s_max": max(kept), "first_window_s": round(durations[0], 2),
+            "window_s": round(statistics.median(durations[skip:] or durations[-1:]), 2)}
 
 
 def mean_lengths(data: Path) -> tuple[float, float]:
@@ -72,13 +78,13 @@ def mean_lengths(data: Path) -> tuple[float, float]:
     return float(split["src_offsets"][-1]) / n, float(split["tgt_offsets"][-1]) / n + 1  # + EOS
 
 
-def run_dtype(args, dtype: str, recipe: Path, meta: dict) -> dict:
+def run_dtype(args, dtype: str, recipe: Path, meta: dict, overrides: Optional[dict] = None) -> dict:
     import yaml
 
     scratch = Path(tempfile.mkdtemp(prefix="nmtkit-bench-train-"))
     try:
         (scratch / "prepared").symlink_to(Path(args.data).resolve())
-        cfg = bench_recipe(recipe, meta, scratch, args, dtype)
+        cfg = bench_recipe(recipe, meta, scratch, args, dtype, overrides)
         recipe_path = scratch / "bench.yaml"
         recipe_path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
         argv = [common.python(), "-m", "nmtkit", "-q", "train", str(recipe_path)]
@@ -89,8 +95,9 @@ def run_dtype(args, dtype: str, recipe: Path, meta: dict) -> dict:
         result = steady_state(scratch / "train" / "metrics.jsonl", args.warmup_windows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"toolkit": "nmtkit", "dtype": dtype, "steps": args.steps,
+    return {"toolkit": "nmtkit", "dtype": dtype, "overrides": overrides or {}, "steps": args.steps,
             "max_tokens": cfg["train"].get("max_tokens", 4096),
+            "recompiles": done["stderr"].count("Recompiling function"),  # counted with TORCH_LOGS=recompiles
             "threads": args.threads, **result, "peak_rss_mib": done["peak_rss_mib"], "wall_s": done["wall_s"],
             "load_before": load_before, "load_after": common.load_average(),
             "command": " ".join(argv[1:]) + f"  (recipe: {recipe} + model of {args.model})"}
@@ -172,14 +179,20 @@ def run_joeynmt(args, recipe: Path, meta: dict) -> dict:
             "command": f"joeynmt train joey.yaml --skip-test (JoeyNMT {args.peer_python})"}
 
 
-def main(argv=None) -> list[dict]:
-    parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--recipe", help="recipe for the training settings (default: see above)")
-    parser.add_argument("--dtypes", default="float32,bf16", help="comma-separated: float32, bf16")
-    parser.add_argument("--steps", type=int, default=40, help="updates per dtype")
+def add_training_options(parser, steps: int) -> None:
+    """The options of every benchmark that measures training with run_dtype."""
+    parser.add_argument("--recipe", help="recipe for the training settings (default: the run's config.yaml "
+                                         "beside --data, else recipes/quickstart.yaml)")
+    parser.add_argument("--steps", type=int, default=steps, help="training updates per run")
     parser.add_argument("--log-every", type=int, default=5, help="updates per throughput window")
     parser.add_argument("--warmup-windows", type=int, default=2, help="windows left out as warm-up")
     parser.add_argument("--max-tokens", type=int, default=0, help="override train.max_tokens (0: the recipe's)")
+
+
+def main(argv=None) -> list[dict]:
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bf16", help="comma-separated: float32, bf16")
+    add_training_options(parser, steps=40)
     parser.add_argument("--peers", default="", help="peer toolkits to train the same way: joeynmt")
     parser.add_argument("--peer-python", default=sys.executable, help="the Python where the peers are installed")
     args = parser.parse_args(argv)

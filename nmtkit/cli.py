@@ -152,6 +152,7 @@ def translate(
     errors: str = typer.Option(_DEFAULTS.errors, "--errors", help="Invalid UTF-8 input: strict (error) or replace."),
     engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for a directory written by nmtkit "
                                 "export, torch otherwise), torch or ctranslate2."),
+    compile: bool = typer.Option(_DEFAULTS.compile, "--compile", help="torch.compile the decoder step (needs a C++ compiler on CPU; the first batches pay the compile time)."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order."""
     from nmtkit.translation import translate_file
@@ -160,6 +161,7 @@ def translate(
         beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
         nbest=nbest, batch_tokens=batch_tokens, device=device, dtype=dtype, scores=scores, alignments=alignments,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
+        compile=compile,
     )
     translate_file([str(m) for m in model], input, output, options, _console())
 

@@ -136,7 +136,10 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "bf16", "fp16"] = "auto"
+    # torch.compile the model for training (TorchInductor; on CPU it needs a C++ compiler, else a
+    # warning and uncompiled training); the first steps pay the compile time (benchmarks/compile_speed.py)
     compile: bool = False
+    threads: int = 0  # CPU threads (0: auto, fewer when other processes keep cores busy at start)
     log_every: int = 50
     validate_every: int = 1000
     save_every: int = 1000
@@ -289,9 +292,10 @@ _POSITIVE = ("train.lr", "train.max_tokens", "train.update_freq", "train.log_eve
              "model.heads", "model.ffn_dim", "model.max_positions", "model.embed_dim", "model.hidden_dim",
              "decode.beam_size", "decode.nbest", "decode.batch_tokens")
 _NON_NEGATIVE = ("train.max_steps", "train.max_epochs", "train.max_minutes", "train.warmup", "train.eps",
-                 "train.weight_decay", "train.clip_norm", "train.subword_alpha", "train.seed", "train.keep_last", "train.patience",
-                 "train.workers", "train.batches_per_update", "train.average_last", "train.dev_bleu_max_sentences",
-                 "model.encoder_layers", "model.decoder_layers", "decode.max_len_a", "decode.max_len_b",
+                 "train.weight_decay", "train.clip_norm", "train.subword_alpha", "train.seed", "train.keep_last",
+                 "train.patience", "train.workers", "train.threads", "train.batches_per_update", "train.average_last",
+                 "train.dev_bleu_max_sentences", "model.encoder_layers", "model.decoder_layers", "decode.max_len_a",
+                 "decode.max_len_b",
                  "decode.min_len", "data.max_train_pairs", "data.dev_size", "data.test_size", "data.clean.max_len",
                  "data.clean.max_ratio", "vocab.workers")
 _FRACTIONS = ("train.label_smoothing", "train.ema_decay", "model.dropout", "model.attention_dropout",

@@ -31,13 +31,14 @@ def cpu_has_fast_bf16() -> bool:
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, cpu_fp16: bool = False) -> torch.dtype:
     """The autocast dtype; ``auto`` = bf16 on GPUs that have it and on CPUs with AMX/AVX-512
-    bf16, float32 otherwise. Weights and optimizer state always stay float32."""
+    bf16, float32 otherwise. Weights and optimizer state always stay float32. fp16 is for
+    GPUs; ``cpu_fp16`` lets training use it on CPU too (slow, but the same loss scaling)."""
     if name == "float32":
         return torch.float32
     if name == "fp16":
-        if device.type != "cuda":
+        if device.type != "cuda" and not cpu_fp16:
             raise ConfigError("fp16 needs a CUDA device (use bf16 on CPU)")
         return torch.float16
     if name == "bf16":

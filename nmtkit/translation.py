@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Optional, Sequence
 
+from nmtkit.compiler import compile_decoder
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import check_readable, decode_line
@@ -60,6 +61,10 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
         if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
             total = count_lines(input_path, options.errors)
     engine = open_engine(model_dirs, options)
+    if options.compile:
+        if not hasattr(engine, "model"):  # --engine auto chose ctranslate2 for an export
+            raise ConfigError("--compile applies to the torch engine only, not to a CTranslate2 export")
+        engine.model = compile_decoder(engine.model, engine.device, console)
     console.detail(f"translating {engine.description}")
     translator = Translator(engine, options)
     source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer

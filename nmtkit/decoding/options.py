@@ -30,6 +30,7 @@ class TranslateOptions(DecodeConfig):
     seed: int = 1
     errors: str = "strict"  # invalid UTF-8: strict (error) | replace
     engine: str = "auto"  # auto (from the model directory) | torch | ctranslate2
+    compile: bool = False  # torch.compile the decoder step (torch engine)
 
     @classmethod
     def from_decode(cls, decode: DecodeConfig, **settings) -> "TranslateOptions":
@@ -41,6 +42,8 @@ class TranslateOptions(DecodeConfig):
         problems = []
         if self.engine not in ENGINES:
             problems.append(f"--engine must be auto, torch or ctranslate2, not {self.engine!r}")
+        if self.compile and self.engine == "ctranslate2":
+            problems.append("--compile applies to the torch engine only")
         if self.errors not in ("strict", "replace"):
             problems.append(f"--errors must be strict or replace, not {self.errors!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):

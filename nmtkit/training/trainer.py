@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from nmtkit.compiler import maybe_compile
 from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
@@ -28,10 +29,12 @@ from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.modeldir import load_weights, save_model_dir, unique_state
 from nmtkit.models.build import build_model, parameter_table
+from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
                                         save_checkpoint, tidy_run_dir)
 from nmtkit.training.loss import label_smoothed_loss
+from nmtkit.training.precision import LossScaler
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.validation import dev_bleu, dev_loss
 from nmtkit.workdir import RunDir, WorkDir
@@ -175,9 +178,7 @@ def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) ->
 
 
 def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: bool) -> Optional[Path]:
-    dtype = resolve_dtype(cfg.train.dtype, device)
-    if dtype == torch.float16:
-        raise ConfigError("train.dtype=fp16 is not supported for training; use bf16 (or float32)")
+    dtype = resolve_dtype(cfg.train.dtype, device, cpu_fp16=True)
     if dry_run:  # works before `prepare`: vocab.size stands in for the SentencePiece models
         try:
             sizes = tuple(len(v) for v in _vocabs(cfg)[2:])
@@ -187,6 +188,8 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
             print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype)
         return None
     src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    if device.type == "cpu":
+        configure_threads(cfg.train.threads, console)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
     run_dir = WorkDir.of(cfg).run.path
@@ -220,10 +223,14 @@ class Trainer:
             self.sampler = SubwordSampler(self.train_data, (src_vocab, tgt_vocab), cfg.vocab.type, t.subword_alpha,
                                           t.subword_nbest, t.seed)
         self.model = model.to(device)
-        self.forward_model = dist.wrap(self.model, device)  # DDP under torchrun, else the model itself
+        # DDP under torchrun, else the model itself; compiled inside DDP, so gradient hooks and no_sync
+        # stay DDP's own. Checkpoints save self.model: no wrapper's prefix in their weight names.
+        forward = maybe_compile(self.model, device, console, "train.compile") if cfg.train.compile else self.model
+        self.forward_model = dist.wrap(forward, device)
         self.model_dim = cfg.model.width  # the noam schedule's d_model
         self.max_len = getattr(model, "max_positions", None)
         self.optimizer = make_optimizer(self.model, cfg, device)
+        self.loss_scaler = LossScaler(dtype, device)  # fp16 only
         self.state = TrainerState()
         self.ema: Optional[dict[str, torch.Tensor]] = None
         self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name}
@@ -252,6 +259,7 @@ class Trainer:
         if "cuda" in ck.rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(ck.rng["cuda"])
         self.state = ck.trainer
+        self.loss_scaler.load(self.state.extra.get(LossScaler.STATE_KEY))
         self.ema = {k: v.to(self.device).float() for k, v in ck.ema.items()} if ck.ema is not None else None
         if self.cfg.train.ema_decay > 0 and self.ema is None:
             self._init_ema()
@@ -298,6 +306,8 @@ class Trainer:
         return self._tensorboard
 
     def _save(self) -> Path:
+        if self.loss_scaler.enabled:
+            self.state.extra[LossScaler.STATE_KEY] = self.loss_scaler.state()
         return save_checkpoint(self.run_dir, self.model, self.cfg.model, self.optimizer, self.state, self.src_path,
                                self.tgt_path, self.meta, ema=self.ema)
 
@@ -346,18 +356,20 @@ class Trainer:
                     autocast(self.device, self.dtype):
                 logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-                (loss * scale).backward()
+                self.loss_scaler.scaled(loss * scale).backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
         lr = learning_rate(self.state.step + 1, t, self.model_dim)
         for group_ in self.optimizer.param_groups:
             group_["lr"] = lr
+        self.loss_scaler.unscale(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         gnorm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm if t.clip_norm > 0 else float("inf"))
         if not torch.isfinite(gnorm):
+            self.loss_scaler.skip()
             self.optimizer.zero_grad(set_to_none=True)
             return None, nll_sum, total_tokens
-        self.optimizer.step()
+        self.loss_scaler.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self._update_ema()
@@ -422,6 +434,10 @@ class Trainer:
                 self.state.epoch, self.state.batch_in_epoch = epoch, next_batch
                 if loss is None:
                     self.state.skipped_steps += 1
+                    if self.loss_scaler.searching():  # fp16: the scaler's normal search, not divergence
+                        self.console.info(f"fp16 gradient overflow at update {self.state.step + 1}: update "
+                                          f"skipped, loss scale lowered to {self.loss_scaler.scale:g}")
+                        continue
                     bad_in_a_row += 1
                     self.console.warn(f"non-finite gradient at update {self.state.step + 1}: update skipped "
                                       f"({bad_in_a_row} in a row)")
@@ -465,6 +481,8 @@ class Trainer:
         record = {"type": "train", "step": self.state.step, "epoch": self.state.epoch + 1, "loss": round(loss, 4),
                   "nll": round(nll, 4), "ppl": round(math.exp(min(nll, 50)), 2), "lr": lr,
                   "tgt_tok_s": round(tok_s, 1), "train_seconds": round(self.state.train_seconds, 1)}
+        if self.loss_scaler.enabled:
+            record["loss_scale"] = self.loss_scaler.scale
         self._log(record)
         progress.update(self.state.step, record)
         window.update(loss=torch.zeros((), device=self.device), nll=torch.zeros((), device=self.device), tokens=0,

@@ -1,0 +1,98 @@
+"""train.compile: compiled training computes what eager training does, its checkpoints are
+ordinary ones (no ``_orig_mod.`` names: they resume, average and translate uncompiled), and
+without a C++ compiler training warns once and runs uncompiled.
+
+Inductor compiles C++ kernels on CPU, tens of seconds even for a tiny model, so one test
+compiles; the others only check the plumbing around it.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from conftest import reversal_pairs, tiny_recipe, write_prepared
+from nmtkit.config import from_dict
+
+MODEL = {"d_model": 16, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1}  # dropout 0 (tiny_recipe)
+
+
+def quiet_console():
+    """get_console(-1), keeping its warnings in ``.warnings``."""
+    from nmtkit.console import get_console
+
+    console = get_console(-1)
+    console.warnings = []
+    console.warn = console.warnings.append
+    return console
+
+
+@pytest.fixture(scope="module")
+def prepared_task(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("task")
+    write_prepared(workdir, reversal_pairs(200, 0, length=6), reversal_pairs(20, 1, length=6))
+    return workdir
+
+
+def _train(prepared_task, workdir, console=None, **train):
+    from nmtkit.training.trainer import train as run_train
+
+    if not (workdir / "prepared").exists():
+        shutil.copytree(prepared_task / "prepared", workdir / "prepared")
+    # eps 1e-4: with Adam's 1e-9, rounding noise in a gradient that is zero in exact arithmetic (the
+    # attention keys' bias) becomes lr-sized steps, and any change of summation order would show
+    cfg = from_dict(tiny_recipe(workdir, model=MODEL, train={"max_tokens": 200, "save_every": 3, "eps": 1e-4,
+                                                             **train}))
+    return run_train(cfg, console or quiet_console())
+
+
+def _weights(run_dir):
+    from nmtkit.training.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run_dir).weights
+
+
+def test_without_a_cpp_compiler_training_warns_once_and_runs_uncompiled(prepared_task, tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-c++")))
+    console = quiet_console()
+    fallback = _train(prepared_task, tmp_path / "fallback", console, max_steps=4, compile=True)
+    assert console.warnings == ["train.compile: inductor needs a C++ compiler on CPU and found none "
+                                "(install g++ or set CXX); running uncompiled"]
+    eager = _train(prepared_task, tmp_path / "eager", max_steps=4)
+    a, b = _weights(fallback), _weights(eager)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepared_task, tmp_path):
+    from torch._dynamo.utils import counters
+
+    from nmtkit.compiler import missing_compiler
+    from nmtkit.decoding.translate import TranslateOptions, translate_lines
+    from nmtkit.models.store import load_model_dir
+    from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
+
+    if missing_compiler(torch.device("cpu")):
+        pytest.skip("no C++ compiler for inductor")
+    eager = _train(prepared_task, tmp_path / "eager", max_steps=6)
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = _train(prepared_task, tmp_path / "compiled", max_steps=3, compile=True)
+    # the batches have several (sentences, length) shapes; dynamic shapes compile them as one graph
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    _train(prepared_task, tmp_path / "compiled", max_steps=6, compile=True)  # resumes, compiled again
+
+    a, b = _weights(eager), _weights(compiled)
+    assert a.keys() == b.keys()  # no "_orig_mod." prefix
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=lambda text: f"{name}: {text}")
+    # a compiled run's checkpoints are ordinary model directories: averaged and translated uncompiled
+    average_checkpoints(compiled, 2)
+    source = ["a b c d e f", "f e d"]
+    outputs = []
+    for model_dir in (checkpoint_dirs(compiled)[-1], compiled / "averaged", checkpoint_dirs(eager)[-1]):
+        loaded = load_model_dir(model_dir)
+        outputs.append(translate_lines([loaded], source, TranslateOptions(beam_size=2, device="cpu")))
+    assert all(len(out) == len(source) for out in outputs)
+    assert outputs[0] == outputs[2]
