@@ -44,9 +44,14 @@ class CompiledDecoder:
     """A model for search whose ``decode_step`` is compiled; ``encode`` and ``init_state``,
     which run once per batch, stay as they are. Search sees the same contract."""
 
-    def __init__(self, model, decode_step) -> None:
+    def __init__(self, model) -> None:
         self.model = model
-        self.decode_step = decode_step
+        self._compiled_step = torch.compile(model.decode_step, dynamic=True)
+
+    def decode_step(self, prev, enc, state, need_attn: bool = False):
+        # search passes a column of its token history, whose stride grows every step; compiled
+        # code is specialised on strides, so a contiguous copy avoids a recompile per step
+        return self._compiled_step(prev.contiguous(), enc, state, need_attn)
 
     def __getattr__(self, name: str):  # encode, init_state, max_positions, ...: the model's own
         return getattr(self.model, name)
@@ -59,4 +64,4 @@ def compile_decoder(model, device: torch.device, console, setting: str = "--comp
     if reason is not None:
         console.warn(f"{setting}: {reason}; translating uncompiled")
         return model
-    return CompiledDecoder(model, torch.compile(model.decode_step, dynamic=True))
+    return CompiledDecoder(model)

@@ -96,3 +96,23 @@ def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepare
         outputs.append(translate_lines([loaded], source, TranslateOptions(beam_size=2, device="cpu")))
     assert all(len(out) == len(source) for out in outputs)
     assert outputs[0] == outputs[2]
+
+
+def test_translate_compile_without_a_cpp_compiler_warns_once_and_translates_the_same(tmp_path, reversal_spm,
+                                                                                     monkeypatch):
+    from conftest import run_cli, train_tiny
+    from nmtkit.decoding.translate import TranslateOptions
+    from nmtkit.errors import ConfigError
+
+    model = train_tiny(reversal_spm, tmp_path / "model", steps=30)
+    source = "a b c d\n\nf e d c b a\n"
+    plain = run_cli("translate", "-m", str(model), "-b", "2", input=source)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))  # the child's inductor finds no compiler
+    compiled = run_cli("translate", "-m", str(model), "-b", "2", "--compile", input=source)
+    assert plain.returncode == compiled.returncode == 0, compiled.stderr.decode()
+    assert compiled.stdout == plain.stdout and len(plain.stdout.decode().splitlines()) == 3
+    assert compiled.stderr.decode().strip().splitlines() == [
+        "warning: --compile: inductor needs a C++ compiler on CPU and found none (install g++ or set CXX); "
+        "translating uncompiled"]
+    with pytest.raises(ConfigError, match="--compile applies to the torch engine only"):
+        TranslateOptions(compile=True, engine="ctranslate2").validate()
