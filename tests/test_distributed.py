@@ -214,3 +214,37 @@ def test_a_repeated_signal_within_two_seconds_is_one_stop_request():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)
     assert stop.signal == signal.SIGTERM
+
+
+def test_compiled_two_process_run_matches_an_uncompiled_single_process(prepared, tmp_path):
+    """train.compile under DDP: the compiled module sits inside DDP, so its gradient hooks and
+    no_sync work as uncompiled (same model dims as tests/test_compile.py: inductor's cache serves both)."""
+    from nmtkit.compiler import missing_compiler
+    from nmtkit.config import from_dict
+    from nmtkit.console import get_console
+    from nmtkit.training.trainer import train
+
+    if missing_compiler(torch.device("cpu")):
+        pytest.skip("no C++ compiler for inductor")
+    model = {"d_model": 16, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0}
+
+    def recipe(workdir: Path, **train) -> dict:
+        return tiny_recipe(workdir, model=model, train={"max_steps": 6, "max_tokens": 200, "log_every": 3,
+                                                        "validate_every": 6, "save_every": 6, "eps": 1e-4, **train})
+
+    two = _workdir(prepared, tmp_path / "two")
+    path = _write_recipe(two / "recipe.yaml", recipe(two, batches_per_update=2, compile=True))
+    _run(_torchrun(str(TESTS / "ddp_launch.py"), str(path), str(two)), two / "torchrun.log", timeout=600)
+    one = _workdir(prepared, tmp_path / "one")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the torchrun workers (OMP_NUM_THREADS=1)
+    try:
+        train(from_dict(recipe(one, update_freq=2)), get_console(-1))
+    finally:
+        torch.set_num_threads(threads)
+    rank0, rank1 = load_file(two / "rank0.safetensors"), load_file(two / "rank1.safetensors")
+    (step, saved), (_, single) = _checkpoint_weights(two), _checkpoint_weights(one)
+    assert step == 6 and saved.keys() == single.keys() == rank0.keys()  # no "_orig_mod." names
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]) and torch.equal(saved[name], rank0[name]), name
+        torch.testing.assert_close(rank0[name], single[name], rtol=1e-4, atol=1e-5, msg=name)
