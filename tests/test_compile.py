@@ -71,7 +71,7 @@ def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepare
 
     from nmtkit.compiler import missing_compiler
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.models.store import load_model_dir
+    from nmtkit.modeldir import load_model_dir
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
 
     if missing_compiler(torch.device("cpu")):
