@@ -52,7 +52,8 @@ def training(args, meta: dict) -> list[dict]:
     for dtype in filter(None, args.dtypes.split(",")):
         for compile in (False, True):
             record = train_speed.run_dtype(args, dtype, recipe, meta, {"compile": compile})
-            record.update(what="train", compile=compile, rate=record["tgt_tok_s"], unit="tgt tok/s")
+            record.update(what="train", compile=compile, compiled="yes" if compile else "no", rate=record["tgt_tok_s"],
+                          unit="tgt tok/s")
             records.append(record)
             print(json.dumps({k: v for k, v in record.items() if k != "windows_tok_s"}), file=sys.stderr)
     compile_seconds(records, "dtype", "first_window_s", "window_s")
@@ -74,7 +75,8 @@ def decoding(args) -> list[dict]:
                                                  compile=compile)
                 decode_speed.add_bleu(record, refs)
                 record.pop("output")
-                record.update(what="decode", compile=compile, rate=record["sent_s"], unit="sent/s")
+                record.update(what="decode", compile=compile, compiled="yes" if compile else "no",
+                              rate=record["sent_s"], unit="sent/s")
                 records.append(record)
                 print(json.dumps(record), file=sys.stderr)
     finally:
@@ -101,7 +103,7 @@ def main(argv=None) -> list[dict]:
     meta = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     records = (training(args, meta) if args.skip != "train" else []) + (decoding(args) if args.skip != "decode" else [])
     common.write_results(Path(args.out), "compile_speed", records, [
-        ("what", "what"), ("dtype", "dtype"), ("compile", "compiled"), ("rate", "rate"), ("unit", "unit"),
+        ("what", "what"), ("dtype", "dtype"), ("compiled", "compiled"), ("rate", "rate"), ("unit", "unit"),
         ("speedup", "x uncompiled"), ("compile_s", "compile s"), ("recompiles", "recompiles"), ("bleu", "BLEU"),
         ("peak_rss_mib", "peak RSS MiB"), ("threads", "threads"), ("load_before", "load before")],
         "torch.compile on CPU: training and decoding",

@@ -59,7 +59,7 @@ def test_fp16_overflows_are_skipped_counted_and_halve_the_scale(prepared_task, t
     skipped = ck.trainer.skipped_steps
     assert ck.trainer.step == 6 and skipped >= 10  # at least 2^40 -> 2^30 before the gradients fit
     # no growth within GROWTH_INTERVAL good steps: the scale is the initial one halved once per skip
-    assert ck.trainer.extra["loss_scaler"] == {"scale": HUGE_SCALE * 0.5 ** skipped, "growth_tracker": 6}
+    assert ck.trainer.loss_scaler == {"scale": HUGE_SCALE * 0.5 ** skipped, "growth_tracker": 6}
     assert all(torch.isfinite(w).all() for w in ck.weights.values())
 
 
@@ -74,7 +74,7 @@ def test_fp16_resume_mid_search_gives_identical_weights(prepared_task, tmp_path,
     _train(split, max_steps=8)
     a, b = latest_checkpoint(whole), latest_checkpoint(split / "train")
     assert a.trainer.skipped_steps == b.trainer.skipped_steps > 0
-    assert a.trainer.extra == b.trainer.extra
+    assert a.trainer.loss_scaler == b.trainer.loss_scaler
     for name in a.weights:
         assert torch.equal(a.weights[name], b.weights[name]), name
 

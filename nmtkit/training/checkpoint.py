@@ -13,7 +13,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -40,6 +40,7 @@ class TrainerState:
     bad_validations: int = 0
     skipped_steps: int = 0
     train_seconds: float = 0.0
+    loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:

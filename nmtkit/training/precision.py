@@ -25,8 +25,6 @@ GROWTH_INTERVAL = 2000
 class LossScaler:
     """``torch.amp.GradScaler`` for fp16; a pass-through for every other dtype."""
 
-    STATE_KEY = "loss_scaler"  # its entry in TrainerState.extra
-
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         self.scaler: Optional[torch.amp.GradScaler] = None
         if dtype == torch.float16:

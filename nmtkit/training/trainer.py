@@ -259,7 +259,7 @@ class Trainer:
         if "cuda" in ck.rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(ck.rng["cuda"])
         self.state = ck.trainer
-        self.loss_scaler.load(self.state.extra.get(LossScaler.STATE_KEY))
+        self.loss_scaler.load(self.state.loss_scaler)
         self.ema = {k: v.to(self.device).float() for k, v in ck.ema.items()} if ck.ema is not None else None
         if self.cfg.train.ema_decay > 0 and self.ema is None:
             self._init_ema()
@@ -306,8 +306,7 @@ class Trainer:
         return self._tensorboard
 
     def _save(self) -> Path:
-        if self.loss_scaler.enabled:
-            self.state.extra[LossScaler.STATE_KEY] = self.loss_scaler.state()
+        self.state.loss_scaler = self.loss_scaler.state()
         return save_checkpoint(self.run_dir, self.model, self.cfg.model, self.optimizer, self.state, self.src_path,
                                self.tgt_path, self.meta, ema=self.ema)
 
