@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from nmtkit.errors import CheckpointError
+from nmtkit.runlog import read_metrics, read_run_config
 from nmtkit.workdir import RunDir, WorkDir
 
 TRANSFORMER_DIMS = ("d_model", "ffn_dim", "heads", "encoder_layers", "decoder_layers", "pre_norm", "norm", "ffn",
@@ -50,8 +51,6 @@ def architecture(model: dict) -> dict:
 
 def training_summary(run_dir: Path) -> dict:
     """Steps, training time and the best dev scores of a run, from its metrics.jsonl."""
-    from nmtkit.runlog import read_metrics
-
     records = read_metrics(run_dir)
     train = [r for r in records if r.get("type") == "train"]
     valid = [r for r in records if r.get("type") == "valid"]
@@ -98,8 +97,6 @@ def recipe_settings(config: dict) -> dict:
 
 def model_card(model_dir: str | Path) -> dict:
     """Everything ``nmtkit info`` shows, as one JSON-ready dict."""
-    import yaml
-
     from nmtkit.ctranslate2.export import META as EXPORT_META
     from nmtkit.modeldir import read_meta
 
@@ -115,7 +112,7 @@ def model_card(model_dir: str | Path) -> dict:
         return card
     card["training"] = training_summary(run_dir)
     run = RunDir(run_dir)
-    config = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
+    config = read_run_config(run_dir) or {}
     card["recipe"] = {"name": config.get("name", meta.get("recipe")), "config": str(run.config),
                       "settings": recipe_settings(config)}
     manifest = run.workdir.manifest

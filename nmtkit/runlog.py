@@ -1,14 +1,43 @@
 """A training run's metrics log, RUN_DIR/metrics.jsonl: one JSON record per line, ``train``
-lines (step, loss, lr, train_seconds, ...) and ``valid`` lines (step, dev scores). Read here
-for everything that shows a run (curves, the model card).
+lines (step, loss, lr, train_seconds, ...) and ``valid`` lines (step, dev scores). Written by
+the trainer (``MetricsLog``) and read by everything that shows a run (curves, the model card,
+the sweep table), with one rule for a damaged line (``parse_record``).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
-from nmtkit.errors import DataError
+from nmtkit.errors import DataError, NmtkitError
+from nmtkit.files import atomic_write_text
 from nmtkit.workdir import RunDir, WorkDir
+
+
+def parse_record(line: str) -> Optional[dict]:
+    """A metrics record, or None for a blank line or one that a kill cut short."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_run_config(run_dir: str | Path) -> Optional[dict]:
+    """RUN_DIR/config.yaml, the recipe a run was trained with, as a plain mapping (what resume
+    compares and the model card shows): None when there is none, DataError when damaged."""
+    import yaml
+
+    path = RunDir(Path(run_dir)).config
+    if not path.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(s, {}), dict) for s in ("model", "train", "vocab")):
+        raise DataError(f"{path} is damaged")
+    return saved
 
 
 def metrics_path(run_dir: str | Path) -> Path:
@@ -26,9 +55,49 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     records = []
     for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise DataError(f"{path}:{number}: not a JSON record") from None
+        record = parse_record(line)
+        if record is not None:
+            records.append(record)
+        elif number < len(lines):
+            raise DataError(f"{path}:{number}: not a JSON record")
     return records
+
+
+class MetricsLog:
+    """The trainer's side of RUN_DIR/metrics.jsonl (the source of truth), mirrored with
+    ``tensorboard`` as TensorBoard scalars ``{type}/{field}`` in RUN_DIR/tensorboard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool) -> None:
+        self.run = RunDir(Path(run_dir))
+        self.path, self.tensorboard = self.run.metrics, tensorboard
+        self._writer = None
+
+    def start_over(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records written after the checkpoint a run resumes from (and a line torn by a kill)."""
+        if not self.path.is_file():
+            return
+        keep = [line for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n")
+                if (record := parse_record(line)) is not None and record.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in keep))
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.tensorboard:
+            writer = self._writer or self._open_tensorboard(record["step"])
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.add_scalar(f"{record['type']}/{key}", value, record["step"])
+            writer.flush()
+
+    def _open_tensorboard(self, first_step: int):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise NmtkitError("train.tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+        # purge_step hides events a previous session wrote after the checkpoint we resumed from
+        self._writer = SummaryWriter(log_dir=str(self.run.path / "tensorboard"), purge_step=first_step)
+        return self._writer

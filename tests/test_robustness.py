@@ -140,7 +140,7 @@ ALLOWED_DIRECT_WRITES = {  # (module, text on the line): why a direct write is s
     ("nmtkit/modeldir.py", "save_file(weights, filename"): "write_weights passes a mkstemp name, then renames",
     ("nmtkit/data/ids.py", "np.savez(handle"): "the handle is atomic_open's",
     ("nmtkit/viz/figure.py", "fig.savefig(handle"): "the handle is atomic_open's",
-    ("nmtkit/training/trainer.py", "open(self.metrics_path, \"a\""): "appends; resume truncates after the checkpoint",
+    ("nmtkit/runlog.py", "open(self.path, \"a\""): "appends; resume truncates after the checkpoint",
     ("nmtkit/data/prepare.py", "open(out / \".lock\", \"a\")"): "the lock file; its content is never used",
     ("nmtkit/data/vocab.py", "open(corpus, \"w\""): "scratch text in a TemporaryDirectory",
     ("nmtkit/data/sources/sword.py", "nmtkitkeys.conf\").write_text("): "scratch config in a TemporaryDirectory",

@@ -29,6 +29,7 @@ from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.modeldir import load_weights, save_model_dir, unique_state
 from nmtkit.models.build import build_model, parameter_table
+from nmtkit.runlog import MetricsLog, read_run_config
 from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
@@ -59,15 +60,6 @@ def _out_of_memory_names(batch, update: int, max_tokens: int):
                               f"({batch.src.numel()} source and {batch.tgt_in.numel()} target tokens with "
                               f"padding); lower train.max_tokens (now {max_tokens}) and raise train.update_freq "
                               f"to keep the effective batch") from err
-
-
-def _parse_record(line: str) -> Optional[dict]:
-    """A metrics.jsonl record, or None for a blank line or one that a kill cut short."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
@@ -146,17 +138,12 @@ class _StopFlag:
 
 def _check_resume(cfg: Config, run_dir: Path, console) -> None:
     """Refuse to resume with a different model; say which training settings changed."""
-    import yaml
-
-    saved_path = RunDir(run_dir).config
-    if not saved_path.is_file():
-        return
     try:
-        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError):
-        saved = None
-    if not isinstance(saved, dict) or not isinstance(saved.get("model", {}), dict):
-        console.warn(f"{saved_path} is damaged: settings are not compared with the previous session's")
+        saved = read_run_config(run_dir)
+    except DataError as err:
+        console.warn(f"{err}: settings are not compared with the previous session's")
+        return
+    if saved is None:
         return
     now = cfg.to_dict()
     if saved.get("model") != json.loads(json.dumps(now["model"])):
@@ -234,7 +221,7 @@ class Trainer:
         self.state = TrainerState()
         self.ema: Optional[dict[str, torch.Tensor]] = None
         self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name}
-        self.metrics_path = RunDir(run_dir).metrics
+        self.metrics = MetricsLog(run_dir, cfg.train.tensorboard)
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -249,7 +236,7 @@ class Trainer:
             if dist.is_main():
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 save_config(self.cfg, RunDir(self.run_dir).config)
-                self.metrics_path.unlink(missing_ok=True)
+                self.metrics.start_over()
             self._init_ema()
             return
         _check_resume(self.cfg, self.run_dir, self.console)
@@ -265,7 +252,7 @@ class Trainer:
             self._init_ema()
         if dist.is_main():
             save_config(self.cfg, RunDir(self.run_dir).config)
-            self._truncate_metrics(self.state.step)
+            self.metrics.truncate_after(self.state.step)
         self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
 
     def _init_ema(self) -> None:
@@ -274,36 +261,9 @@ class Trainer:
             self.ema = {k: v.detach().clone().float() for k, v in unique_state(self.model).items()
                         if v.is_floating_point()}
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines written after the checkpoint we resume from (and a line torn by a kill)."""
-        if not self.metrics_path.is_file():
-            return
-        keep = [line for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").split("\n")
-                if (record := _parse_record(line)) is not None and record.get("step", 0) <= step]
-        atomic_write_text(self.metrics_path, "".join(line + "\n" for line in keep))
-
     def _log(self, record: dict) -> None:
-        """Append ``record`` to metrics.jsonl, the source of truth; with train.tensorboard,
-        mirror its numbers as TensorBoard scalars ``{type}/{field}`` in RUN_DIR/tensorboard."""
-        if not dist.is_main():
-            return
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self.cfg.train.tensorboard:
-            writer = getattr(self, "_tensorboard", None) or self._open_tensorboard(record["step"])
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    writer.add_scalar(f"{record['type']}/{key}", value, record["step"])
-            writer.flush()
-
-    def _open_tensorboard(self, first_step: int):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise NmtkitError("train.tensorboard=true needs the tensorboard package: pip install tensorboard") from None
-        # purge_step hides events a previous session wrote after the checkpoint we resumed from
-        self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=first_step)
-        return self._tensorboard
+        if dist.is_main():
+            self.metrics.append(record)
 
     def _save(self) -> Path:
         self.state.loss_scaler = self.loss_scaler.state()
