@@ -207,9 +207,9 @@ def test_batches_per_update_fixes_the_global_batch(monkeypatch, prepared, tmp_pa
 
 
 def test_a_repeated_signal_within_two_seconds_is_one_stop_request():
-    from nmtkit.training.trainer import _StopFlag
+    from nmtkit.training.signals import StopFlag
 
-    with _StopFlag() as stop:  # torchrun forwards a signal that its workers may have received already
+    with StopFlag() as stop:  # torchrun forwards a signal that its workers may have received already
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)

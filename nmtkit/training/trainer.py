@@ -26,17 +26,20 @@ from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.device import autocast, resolve_device, resolve_dtype
 from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
-from nmtkit.files import atomic_write_text, read_lines
+from nmtkit.files import read_lines
 from nmtkit.modeldir import load_weights, save_model_dir, unique_state
-from nmtkit.models.build import build_model, parameter_table
+from nmtkit.models.build import build_model
 from nmtkit.runlog import MetricsLog, read_run_config
 from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
                                         save_checkpoint, tidy_run_dir)
 from nmtkit.training.loss import label_smoothed_loss
+from nmtkit.training.optim import make_optimizer
 from nmtkit.training.precision import LossScaler
 from nmtkit.training.schedule import learning_rate
+from nmtkit.training.signals import StopFlag
+from nmtkit.training.summary import print_summary
 from nmtkit.training.validation import dev_bleu, dev_loss
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -69,71 +72,6 @@ def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
     if not src_path.is_file():
         raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
     return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    """Adam with the paper's betas/eps; fused kernels on CUDA, foreach on CPU."""
-    kwargs = dict(lr=0.0, betas=tuple(cfg.train.betas), eps=cfg.train.eps, weight_decay=cfg.train.weight_decay)
-    if device.type == "cuda":
-        kwargs["fused"] = True
-    else:
-        kwargs["foreach"] = True
-    cls = torch.optim.AdamW if cfg.train.weight_decay > 0 else torch.optim.Adam
-    return cls(model.parameters(), **kwargs)
-
-
-def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype) -> dict:
-    """The --dry-run table: parameters by part, dims and the effective batch."""
-    from rich.table import Table
-
-    counts = parameter_table(model)
-    world = dist.world_size()
-    table = Table(title=f"{cfg.name}: {cfg.model.arch}", show_header=True)
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for part in ("embeddings", "encoder", "decoder", "other", "total"):
-        if counts[part] or part == "total":
-            table.add_row(f"parameters: {part}", f"{counts[part]:,}")
-    m = cfg.model
-    dims = (f"d {m.d_model}, ffn {m.ffn_dim}, heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}"
-            if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
-    table.add_row("dims", dims)
-    table.add_row("vocab (src / tgt)", f"{vocab_sizes[0]} / {vocab_sizes[1]}")
-    update_freq = dist.local_update_freq(cfg.train)
-    effective = cfg.train.max_tokens * update_freq * world
-    table.add_row("effective batch (tokens)",
-                  f"{effective:,} = {cfg.train.max_tokens:,} x {update_freq} x {world} process(es)")
-    table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
-    console.print(table)
-    return {**counts, "effective_batch_tokens": effective}
-
-
-class _StopFlag:
-    """Turns SIGINT/SIGTERM into a request to stop at the next step boundary."""
-
-    def __init__(self) -> None:
-        self.signal: Optional[int] = None
-        self.since = 0.0  # time.monotonic() of the first signal
-        self._old = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        # torchrun forwards Ctrl-C / scancel to workers that got it too: a repeat within 2 s is the same request
-        if self.signal is not None and time.monotonic() - self.since > 2.0:  # second signal: stop now
-            raise KeyboardInterrupt
-        if self.signal is None:
-            self.signal, self.since = signum, time.monotonic()
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _check_resume(cfg: Config, run_dir: Path, console) -> None:
@@ -353,7 +291,7 @@ class Trainer:
         if dist.is_main():
             print_summary(self.console, self.model, self.cfg, (len(self.src_vocab), len(self.tgt_vocab)),
                           self.device, self.dtype)
-        with _StopFlag() as stop:
+        with StopFlag() as stop:
             reason = self._loop(stop)
         if dist.is_main():
             path = self._save()
@@ -378,7 +316,7 @@ class Trainer:
             return "max_epochs"
         return None
 
-    def _loop(self, stop: _StopFlag) -> str:
+    def _loop(self, stop: StopFlag) -> str:
         from nmtkit.training.progress import TrainProgress
 
         t = self.cfg.train

@@ -1,0 +1,33 @@
+"""What a training run is about to do, as a table: ``nmtkit train --dry-run`` and the start of
+every run."""
+from __future__ import annotations
+
+from nmtkit.config import Config
+from nmtkit.models.build import parameter_table
+from nmtkit.training import distributed as dist
+
+
+def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype) -> dict:
+    """The --dry-run table: parameters by part, dims and the effective batch."""
+    from rich.table import Table
+
+    counts = parameter_table(model)
+    world = dist.world_size()
+    table = Table(title=f"{cfg.name}: {cfg.model.arch}", show_header=True)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for part in ("embeddings", "encoder", "decoder", "other", "total"):
+        if counts[part] or part == "total":
+            table.add_row(f"parameters: {part}", f"{counts[part]:,}")
+    m = cfg.model
+    dims = (f"d {m.d_model}, ffn {m.ffn_dim}, heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}"
+            if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
+    table.add_row("dims", dims)
+    table.add_row("vocab (src / tgt)", f"{vocab_sizes[0]} / {vocab_sizes[1]}")
+    update_freq = dist.local_update_freq(cfg.train)
+    effective = cfg.train.max_tokens * update_freq * world
+    table.add_row("effective batch (tokens)",
+                  f"{effective:,} = {cfg.train.max_tokens:,} x {update_freq} x {world} process(es)")
+    table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
+    console.print(table)
+    return {**counts, "effective_batch_tokens": effective}
