@@ -1,7 +1,8 @@
 """A training run's metrics log, RUN_DIR/metrics.jsonl: one JSON record per line, ``train``
 lines (step, loss, lr, train_seconds, ...) and ``valid`` lines (step, dev scores). Written by
 the trainer (``MetricsLog``) and read by everything that shows a run (curves, the model card,
-the sweep table), with one rule for a damaged line (``parse_record``).
+the sweep table), with one rule for a damaged line (``parse_record``); and RUN_DIR/config.yaml,
+the recipe a run was trained with, which resume compares and the model card shows.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from nmtkit.errors import DataError, NmtkitError
+from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -38,6 +39,27 @@ def read_run_config(run_dir: str | Path) -> Optional[dict]:
     if not isinstance(saved, dict) or not all(isinstance(saved.get(s, {}), dict) for s in ("model", "train", "vocab")):
         raise DataError(f"{path} is damaged")
     return saved
+
+
+def check_resume_settings(cfg, run_dir: Path, console) -> None:
+    """Refuse to resume with a different model; say which training settings changed."""
+    try:
+        saved = read_run_config(run_dir)
+    except DataError as err:
+        console.warn(f"{err}: settings are not compared with the previous session's")
+        return
+    if saved is None:
+        return
+    now = cfg.to_dict()
+    if saved.get("model") != json.loads(json.dumps(now["model"])):
+        changed = sorted(k for k in now["model"] if saved.get("model", {}).get(k) != now["model"][k])
+        raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
+                          f"use --restart to train a new model")
+    for section in ("train", "vocab"):
+        old, new = saved.get(section, {}), json.loads(json.dumps(now[section]))
+        for key in sorted(new):
+            if old.get(key) != new[key]:
+                console.warn(f"resuming with {section}.{key} = {new[key]!r} (was {old.get(key)!r})")
 
 
 def metrics_path(run_dir: str | Path) -> Path:

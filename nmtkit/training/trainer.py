@@ -8,7 +8,6 @@ Under ``torchrun`` each rank takes its own micro-batches of every update (see di
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
@@ -29,7 +28,7 @@ from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import read_lines
 from nmtkit.modeldir import load_weights, save_model_dir, unique_state
 from nmtkit.models.build import build_model
-from nmtkit.runlog import MetricsLog, read_run_config
+from nmtkit.runlog import MetricsLog, check_resume_settings
 from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
@@ -72,27 +71,6 @@ def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
     if not src_path.is_file():
         raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
     return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
-
-
-def _check_resume(cfg: Config, run_dir: Path, console) -> None:
-    """Refuse to resume with a different model; say which training settings changed."""
-    try:
-        saved = read_run_config(run_dir)
-    except DataError as err:
-        console.warn(f"{err}: settings are not compared with the previous session's")
-        return
-    if saved is None:
-        return
-    now = cfg.to_dict()
-    if saved.get("model") != json.loads(json.dumps(now["model"])):
-        changed = sorted(k for k in now["model"] if saved.get("model", {}).get(k) != now["model"][k])
-        raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
-                          f"use --restart to train a new model")
-    for section in ("train", "vocab"):
-        old, new = saved.get(section, {}), json.loads(json.dumps(now[section]))
-        for key in sorted(new):
-            if old.get(key) != new[key]:
-                console.warn(f"resuming with {section}.{key} = {new[key]!r} (was {old.get(key)!r})")
 
 
 def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) -> Optional[Path]:
@@ -177,7 +155,7 @@ class Trainer:
                 self.metrics.start_over()
             self._init_ema()
             return
-        _check_resume(self.cfg, self.run_dir, self.console)
+        check_resume_settings(self.cfg, self.run_dir, self.console)
         load_weights(self.model, {k: v.to(self.device) for k, v in ck.weights.items()}, ck.path)
         self.optimizer.load_state_dict(ck.optimizer)
         torch.set_rng_state(ck.rng["torch"])
