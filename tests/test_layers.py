@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 
 # lowest first; a unit is a top-level module or package of nmtkit ("" is nmtkit/__init__.py)
 LAYERS = (
-    ("", "errors", "specials", "allocator", "console", "workdir", "threads"),
+    ("", "errors", "specials", "allocator", "console", "workdir", "threads", "compiler"),
     ("files", "device"),
     ("config", "outputs", "runlog"),
     ("data", "models", "scoring"),
