@@ -19,7 +19,7 @@ from nmtkit.runlog import read_metrics, read_run_config
 from nmtkit.workdir import RunDir, WorkDir
 
 TRANSFORMER_DIMS = ("d_model", "ffn_dim", "heads", "encoder_layers", "decoder_layers", "pre_norm", "norm", "ffn",
-                    "tie_embeddings", "max_positions")
+                    "tie_embeddings", "max_positions", "positions", "moe_experts", "moe_top_k", "moe_every")
 RNN_DIMS = ("cell", "embed_dim", "hidden_dim", "encoder_layers", "decoder_layers", "bidirectional", "merge",
             "attention", "input_feed")
 SCORES = ("dev_loss", "dev_ppl", "dev_bleu")
@@ -39,7 +39,11 @@ def architecture(model: dict) -> dict:
     if model["arch"] == "transformer":
         norm = f"{'pre' if model['pre_norm'] else 'post'}-norm {model['norm']}"
         summary = (f"d {model['d_model']}, ffn {model['ffn_dim']} ({model['ffn']}), heads {model['heads']}, "
-                   f"layers {model['encoder_layers']}+{model['decoder_layers']}, {norm}")
+                   f"layers {model['encoder_layers']}+{model['decoder_layers']}, {norm}, "
+                   f"{model.get('positions', 'sinusoidal')} positions")
+        if model.get("moe_experts"):
+            summary += (f", MoE {model['moe_experts']} experts top-{model['moe_top_k']} "
+                        f"every {model['moe_every']} layer(s)")
         keys = TRANSFORMER_DIMS
     else:
         summary = (f"{model['cell']}, embed {model['embed_dim']}, hidden {model['hidden_dim']}, layers "
@@ -132,6 +136,8 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
         "model_dir": str(model_dir),
         "architecture": architecture(meta["model"]),
         "parameters": meta.get("parameters"),
+        # per token; model directories from before MoE layers existed are dense: all are active
+        "active_parameters": meta.get("active_parameters", meta.get("parameters")),
         "vocabulary": {"source": len(Vocab(model_dir / spm["src"])), "target": len(Vocab(model_dir / spm["tgt"])),
                        "joint": spm["src"] == spm["tgt"]},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
@@ -168,6 +174,7 @@ def print_card(card: dict, file=None) -> None:
     arch, vocab, languages = card["architecture"], card["vocabulary"], card["languages"]
     table.add_row("architecture", f"{arch['arch']}: {arch['summary']}")
     table.add_row("parameters", _text(card.get("parameters")))
+    table.add_row("parameters active per token", _text(card.get("active_parameters")))
     table.add_row("vocabulary", f"{vocab['source']:,} joint" if vocab["joint"]
                   else f"{vocab['source']:,} source / {vocab['target']:,} target")
     table.add_row("languages", f"{languages['source']} -> {languages['target']}")

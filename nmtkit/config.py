@@ -72,7 +72,16 @@ class ModelConfig:
     activation_dropout: float = 0.0
     pre_norm: bool = False  # the paper is post-norm
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    ffn: Literal["relu", "swiglu"] = "relu"
+    ffn: Literal["relu", "gelu", "swiglu"] = "relu"
+    # sinusoidal (the paper) | learned (a table of max_positions rows) | alibi | rope (no length limit)
+    positions: Literal["sinusoidal", "learned", "alibi", "rope"] = "sinusoidal"
+    # Mixture of Experts feed-forward layers (nmtkit/models/moe.py); 0 experts = dense layers
+    moe_experts: int = 0  # experts per MoE layer
+    moe_top_k: int = 2  # experts per token: 1 = Switch Transformer, 2 = GShard
+    moe_every: int = 1  # every n-th layer of each stack is MoE (1: all; GShard: 2)
+    moe_aux_weight: float = 0.01  # weight of the load-balancing loss (1 at uniform routing), per MoE layer
+    moe_z_weight: float = 0.0  # weight of the router z-loss (ST-MoE: 0.001); 0 disables
+    moe_capacity_factor: float = 0.0  # training only: expert capacity = factor * tokens * k / experts (0: dropless)
     tie_embeddings: Literal["all", "decoder", "none"] = "all"  # "all" needs a joint vocab
     max_positions: int = 1024
     # rnn only
@@ -93,7 +102,8 @@ class ModelConfig:
 # the model keys only one architecture reads; every other key is shared (tests/test_config_arch.py)
 ARCH_KEYS: dict[str, tuple[str, ...]] = {
     "transformer": ("preset", "d_model", "ffn_dim", "heads", "attention_dropout", "activation_dropout", "pre_norm",
-                    "norm", "ffn", "max_positions"),
+                    "norm", "ffn", "max_positions", "positions", "moe_experts", "moe_top_k", "moe_every",
+                    "moe_aux_weight", "moe_z_weight", "moe_capacity_factor"),
     "rnn": ("cell", "embed_dim", "hidden_dim", "bidirectional", "merge", "attention", "input_feed"),
 }
 
@@ -290,14 +300,15 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 _POSITIVE = ("train.lr", "train.max_tokens", "train.update_freq", "train.log_every", "train.validate_every",
              "train.save_every", "train.max_bad_steps", "train.dev_bleu_beam", "vocab.size", "model.d_model",
              "model.heads", "model.ffn_dim", "model.max_positions", "model.embed_dim", "model.hidden_dim",
-             "decode.beam_size", "decode.nbest", "decode.batch_tokens")
+             "decode.beam_size", "decode.nbest", "decode.batch_tokens", "model.moe_every")
 _NON_NEGATIVE = ("train.max_steps", "train.max_epochs", "train.max_minutes", "train.warmup", "train.eps",
                  "train.weight_decay", "train.clip_norm", "train.subword_alpha", "train.seed", "train.keep_last",
                  "train.patience", "train.workers", "train.threads", "train.batches_per_update", "train.average_last",
                  "train.dev_bleu_max_sentences", "model.encoder_layers", "model.decoder_layers", "decode.max_len_a",
                  "decode.max_len_b",
                  "decode.min_len", "data.max_train_pairs", "data.dev_size", "data.test_size", "data.clean.max_len",
-                 "data.clean.max_ratio", "vocab.workers")
+                 "data.clean.max_ratio", "vocab.workers", "model.moe_experts", "model.moe_aux_weight",
+                 "model.moe_z_weight", "model.moe_capacity_factor")
 _FRACTIONS = ("train.label_smoothing", "train.ema_decay", "model.dropout", "model.attention_dropout",
               "model.activation_dropout")
 
@@ -343,6 +354,12 @@ def validate(cfg: Config) -> Config:
     if m.arch == "transformer" and m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
     _check_subword_sampling(cfg)
+    if m.moe_experts and not 1 <= m.moe_top_k <= m.moe_experts:
+        raise ConfigError(f"model.moe_top_k must be between 1 and model.moe_experts ({m.moe_experts}), "
+                          f"got {m.moe_top_k}")
+    if m.arch == "transformer" and m.positions == "rope" and (m.d_model // m.heads) % 2:
+        raise ConfigError(f"model.positions=rope rotates pairs of dimensions: d_model / heads "
+                          f"({m.d_model // m.heads}) must be even")
     if m.tie_embeddings == "all" and not cfg.vocab.joint:
         raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
     return cfg

@@ -126,6 +126,7 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
             "spm": spm_names,
             "weights_sha256": sha256_file(tmp / WEIGHTS),
             "parameters": model.num_parameters(),
+            "active_parameters": model.active_parameters(),  # per token: fewer than all with MoE layers
             **(extra_meta or {}),
         }
         if write_extra is not None:

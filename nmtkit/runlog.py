@@ -6,6 +6,7 @@ the recipe a run was trained with, which resume compares and the model card show
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -51,8 +52,10 @@ def check_resume_settings(cfg, run_dir: Path, console) -> None:
     if saved is None:
         return
     now = cfg.to_dict()
-    if saved.get("model") != json.loads(json.dumps(now["model"])):
-        changed = sorted(k for k in now["model"] if saved.get("model", {}).get(k) != now["model"][k])
+    # a key the saved recipe lacks was added to nmtkit since: its default is what that run used
+    old_model = {**dataclasses.asdict(type(cfg.model)()), **saved.get("model", {})}
+    if old_model != json.loads(json.dumps(now["model"])):
+        changed = sorted(k for k in now["model"] if old_model.get(k) != now["model"][k])
         raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
                           f"use --restart to train a new model")
     for section in ("train", "vocab"):

@@ -23,6 +23,8 @@ VARIANTS = {
     "post-norm": dict(),
     "pre-norm": dict(pre_norm=True),
     "pre-norm-rmsnorm-swiglu-untied": dict(pre_norm=True, norm="rmsnorm", ffn="swiglu", tie_embeddings="none"),
+    "learned-gelu": dict(positions="learned", ffn="gelu"),
+    "rope-pre-norm": dict(positions="rope", pre_norm=True),
 }
 
 
@@ -93,3 +95,19 @@ def test_unsupported_models_and_plain_directories_are_one_line_errors(reversal_s
     assert plain.returncode == 2 and "nmtkit export" in plain.stderr.decode()
     bad = run_cli("export", str(rnn_dir), "-o", str(tmp_path / "out"), "--quantization", "int3")
     assert bad.returncode == 2 and "--quantization" in bad.stderr.decode()
+
+
+@pytest.mark.parametrize("setting, named", [(dict(positions="alibi"), "model.positions=alibi"),
+                                            (dict(moe_experts=2, moe_top_k=1), "model.moe_experts=2")])
+def test_settings_ctranslate2_cannot_hold_are_refused_by_name(setting, named, reversal_spm, tmp_path):
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.models.build import build_model
+    from nmtkit.modeldir import save_model_dir
+
+    cfg = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, **setting)
+    size = len(Vocab(reversal_spm))
+    model_dir = save_model_dir(build_model(cfg, size, size), cfg, tmp_path / "m", reversal_spm, reversal_spm)
+    refused = run_cli("export", str(model_dir), "-o", str(tmp_path / "out"))
+    err = refused.stderr.decode()
+    assert refused.returncode == 2 and err.count("\n") == 1 and named in err, err
+    assert not (tmp_path / "out").exists()

@@ -8,7 +8,7 @@ import torch
 
 from nmtkit.config import ModelConfig, from_dict
 from nmtkit.models.build import build_model, parameter_table
-from nmtkit.models.layers import sinusoidal_positions
+from nmtkit.models.positions import sinusoidal_positions
 from nmtkit.specials import BOS, PAD
 
 V = 24

@@ -10,15 +10,20 @@ The weights go straight from our modules into CTranslate2's Python spec
 How our Transformer maps onto the spec:
 - post-norm (the paper) or pre-norm: the spec's ``pre_norm`` flag; pre-norm stacks end in
   our final ``encoder_norm`` / ``decoder_norm``, which are the spec's ``layer_norm``.
-- sinusoidal positions: our own table is written as the spec's position encodings, so no
-  two sinusoid conventions can disagree; embeddings are scaled by sqrt(d_model) in both.
+- sinusoidal or learned positions: our own tables are written as the spec's position
+  encodings (one per side), so no two sinusoid conventions can disagree; embeddings are
+  scaled by sqrt(d_model) in both.
+- RoPE: the spec's rotary self-attention in encoder and decoder (all head dimensions, base
+  10000, the half-split pairing: ``rotary_interleave=False``); no position table.
 - fused projections line up: self-attention q|k|v is one [3D, D] matrix in both, cross-
   attention is q then a fused k|v [2D, D]; tied embeddings are aliased by CTranslate2.
-- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU FFN, or SwiGLU as a gated FFN whose
-  gate half goes through SiLU ("swish").
+- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU or GELU (erf) FFN, or SwiGLU as a gated
+  FFN whose gate half goes through SiLU ("swish").
 - vocabulary: the SentencePiece pieces in the order of our ids, so ids agree one to one;
   our specials (pad 0, unk 1, bos 2, eos 3) are named to CTranslate2 by their pieces.
-RNN models have no CTranslate2 counterpart and are refused.
+What the spec cannot represent is refused with a one-line error naming the setting (see
+``UNSUPPORTED``): RNN models, ALiBi (the spec's encoder has no ALiBi) and Mixture-of-Experts
+layers (its encoder-decoder layers have one dense FFN).
 """
 from __future__ import annotations
 
@@ -30,7 +35,12 @@ from typing import Optional
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, replace_directory, temp_sibling
 from nmtkit.modeldir import load_model_dir
+from nmtkit.models.positions import ROPE_BASE
 
+UNSUPPORTED = {  # setting -> why CTranslate2's TransformerSpec cannot hold it (ctranslate2 4.x)
+    "positions=alibi": "its TransformerEncoderSpec has no ALiBi (only its decoder does)",
+    "moe_experts": "its encoder and decoder layers have one dense feed-forward network, no experts",
+}
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 META = "nmtkit.json"  # our metadata beside CTranslate2's config.json
 # what an export directory holds besides the SentencePiece model(s): CTranslate2's files and META
@@ -76,25 +86,47 @@ def _ffn(spec, ffn, norm) -> None:
     _linear(spec.linear_1, ffn.fc_out)
 
 
+def unsupported_setting(cfg) -> Optional[str]:
+    """The first of ``cfg``'s settings CTranslate2 cannot represent, as 'model.KEY=VALUE: why'."""
+    if cfg.positions == "alibi":
+        return f"model.positions=alibi: {UNSUPPORTED['positions=alibi']}"
+    if cfg.moe_experts:
+        return f"model.moe_experts={cfg.moe_experts}: {UNSUPPORTED['moe_experts']}"
+    return None
+
+
+def _empty_spec(cfg):
+    """The spec's layout for ``cfg``: layers, heads, norms, activation, rotary or table positions."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swiglu": common_spec.Activation.SWISH}[cfg.ffn]
+    shared = dict(pre_norm=cfg.pre_norm, activation=activation, ffn_glu=cfg.ffn == "swiglu",
+                  rms_norm=cfg.norm == "rmsnorm")
+    if cfg.positions == "rope":  # ROPE_BASE and the half-split pairing of positions.rotate
+        shared.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROPE_BASE)  # 0: every head dimension
+    encoder = transformer_spec.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **shared)
+    if cfg.positions == "rope":
+        del encoder.position_encodings  # (the decoder spec leaves it out itself when rotary)
+    decoder = transformer_spec.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, alignment_layer=-1,
+                                                      alignment_heads=cfg.heads, **shared)  # mean of all heads
+    return transformer_spec.TransformerSpec(encoder, decoder)
+
+
 def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and vocabularies."""
     ctranslate2 = import_ctranslate2()
-    from ctranslate2.specs import common_spec, transformer_spec
-
     cfg = model.cfg
-    rms = cfg.norm == "rmsnorm"
-    spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.pre_norm,
-        activation=common_spec.Activation.SWISH if cfg.ffn == "swiglu" else common_spec.Activation.RELU,
-        ffn_glu=cfg.ffn == "swiglu", rms_norm=rms,
-        alignment_layer=-1, alignment_heads=cfg.heads)  # alignments: last layer, mean over all heads
-    positions = _array(model.positions[:cfg.max_positions])
+    if unsupported_setting(cfg):
+        raise ConfigError(f"cannot export to CTranslate2: {unsupported_setting(cfg)}")
+    spec = _empty_spec(cfg)
     enc, dec = spec.encoder, spec.decoder
     enc.embeddings[0].weight = _array(model.src_embed.weight)
     dec.embeddings.weight = _array(model.tgt_embed.weight)
     enc.scale_embeddings = dec.scale_embeddings = True  # x sqrt(d_model), as Transformer._embed
-    enc.position_encodings.encodings = positions
-    dec.position_encodings.encodings = positions
+    if cfg.positions != "rope":
+        enc.position_encodings.encodings = _array(model.positions.table_of("src"))
+        dec.position_encodings.encodings = _array(model.positions.table_of("tgt"))
     dec.projection.weight = _array(model.output_proj.weight)
     if cfg.pre_norm:
         _norm(enc.layer_norm, model.encoder_norm)
@@ -120,7 +152,7 @@ def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
     config.unk_token, config.bos_token, config.eos_token = tgt_pieces[1], tgt_pieces[2], tgt_pieces[3]
     config.decoder_start_token = tgt_pieces[2]
     config.add_source_bos = config.add_source_eos = False  # our sources carry no specials
-    config.layer_norm_epsilon = RMSNORM_EPS if rms else LAYERNORM_EPS
+    config.layer_norm_epsilon = RMSNORM_EPS if cfg.norm == "rmsnorm" else LAYERNORM_EPS
     spec.validate()
     return spec, ctranslate2.__version__
 
@@ -153,6 +185,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     cfg = loaded.model_cfg
     if cfg.arch != "transformer":
         raise ConfigError(f"{model_dir}: only Transformer models export to CTranslate2 (this is {cfg.arch!r})")
+    if unsupported_setting(cfg):  # before any file is written
+        raise ConfigError(f"{model_dir}: cannot export to CTranslate2: {unsupported_setting(cfg)}")
     pieces = tuple([vocab.sp.IdToPiece(i) for i in range(len(vocab))] for vocab in (loaded.src_vocab, loaded.tgt_vocab))
     spec, ct2_version = build_spec(loaded.model, pieces)
     spec.optimize(quantization=quantization)
@@ -164,7 +198,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
             shutil.copyfile(Path(model_dir) / name, tmp / name)
         meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
                 "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
-                "max_positions": cfg.max_positions, "heads": cfg.heads,
+                "max_positions": loaded.model.max_positions, "heads": cfg.heads,  # None: no limit (RoPE)
                 "model": loaded.meta["model"], **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang") if k in loaded.meta}}
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
         replace_directory(tmp, out_dir)

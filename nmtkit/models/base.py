@@ -72,6 +72,10 @@ class Seq2Seq(nn.Module):
         """Trainable parameters, tied weights counted once."""
         return sum(p.numel() for p in self.parameters())
 
+    def active_parameters(self) -> int:
+        """Parameters each token uses (fewer than all with Mixture-of-Experts layers)."""
+        return self.num_parameters()
+
 
 def group_beams(rows: Tensor, batch: int) -> Tensor:
     """[B*beam, ...] -> [B, beam, ...]: the hypotheses of each sentence side by side."""

@@ -1,4 +1,4 @@
-"""Building blocks of the Transformer: positions, norms, feed-forward, attention."""
+"""Building blocks of the Transformer: norms, feed-forward, attention (positions: positions.py)."""
 from __future__ import annotations
 
 import math
@@ -8,15 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def sinusoidal_positions(length: int, dim: int) -> Tensor:
-    """[length, dim] table of Vaswani et al. 2017 sec. 3.5: sin on even, cos on odd dims."""
-    position = torch.arange(length, dtype=torch.float32)[:, None]
-    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
-    return table
+from nmtkit.models.positions import rotate
 
 
 class RMSNorm(nn.Module):
@@ -37,7 +29,8 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: ReLU (the paper) or SwiGLU (Shazeer 2020)."""
+    """Position-wise FFN: ReLU (the paper), GELU (Hendrycks & Gimpel 2016, exact erf form)
+    or SwiGLU (Shazeer 2020, the hidden layer doubled into a SiLU gate and a value)."""
 
     def __init__(self, dim: int, hidden: int, kind: str = "relu", activation_dropout: float = 0.0) -> None:
         super().__init__()
@@ -52,23 +45,30 @@ class FeedForward(nn.Module):
             gate, value = h.chunk(2, dim=-1)
             h = F.silu(gate) * value
         else:
-            h = F.relu(h)
+            h = F.gelu(h) if self.kind == "gelu" else F.relu(h)
         return self.fc_out(self.dropout(h))
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout: float, causal: bool = False) -> Tensor:
     """Scaled dot-product attention: ``F.scaled_dot_product_attention`` (flash / memory-
     efficient kernels on GPU), except on CPU in bf16, where explicit bf16 matmuls with a
-    float32 softmax run ~10x faster than the CPU SDPA kernels (measured, torch 2.13, AMX)."""
+    float32 softmax run ~10x faster than the CPU SDPA kernels (measured, torch 2.13, AMX).
+    ``mask`` is bool (True = attend) or a float bias added to the scores (ALiBi)."""
+    additive = mask is not None and mask.dtype != torch.bool
     if q.device.type != "cpu" or q.dtype != torch.bfloat16:
+        if additive and mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
     scores = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)  # (B, H, T, S)
     if causal:
         t, s_len = scores.shape[-2:]
         mask = torch.ones(t, s_len, dtype=torch.bool, device=q.device).tril(s_len - t)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.float().softmax(-1)
+    if additive:
+        probs = (scores.float() + mask).softmax(-1)  # the bias in float32, like the softmax
+    else:
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = scores.float().softmax(-1)
     if dropout > 0:
         probs = F.dropout(probs, dropout)
     return probs.to(v.dtype) @ v
@@ -104,12 +104,17 @@ class Attention(nn.Module):
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
         return self._split(k), self._split(v)
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project_qkv(self, x: Tensor, rotary: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention q, k, v [B, H, T, Dh]; with RoPE tables, q and k come out rotated."""
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
-        return self._split(q), self._split(k), self._split(v)
+        q, k, v = self._split(q), self._split(k), self._split(v)
+        if rotary is not None:
+            q, k = rotate(q, rotary), rotate(k, rotary)
+        return q, k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
-        """q [B, H, T, Dh], k/v [B, H, S, Dh], mask broadcastable to [B, H, T, S] (True = attend)."""
+        """q [B, H, T, Dh], k/v [B, H, S, Dh], mask broadcastable to [B, H, T, S]: bool (True =
+        attend) or an additive float bias."""
         p = self.dropout if self.training else 0.0
         out = sdpa(q, k, v, mask, p, causal and mask is None)
         return self.out_proj(self._merge(out))

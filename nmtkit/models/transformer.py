@@ -1,10 +1,11 @@
 """The Transformer of Vaswani et al. 2017 ("Attention Is All You Need").
 
 Post-norm as in the paper by default (``pre_norm`` for the now-common variant, with a
-final norm on each stack); sinusoidal positions; embeddings scaled by sqrt(d_model);
-optional RMSNorm and SwiGLU. Incremental decoding caches self-attention keys/values per
-layer in an explicit ``TransformerState``; cross-attention keys/values are computed once
-per sentence in ``encode`` and never copied per beam.
+final norm on each stack); sinusoidal positions (or learned, ALiBi, RoPE: positions.py);
+embeddings scaled by sqrt(d_model); optional RMSNorm, GELU and SwiGLU. Incremental decoding
+caches self-attention keys/values per layer in an explicit ``TransformerState`` (RoPE keys
+are cached already rotated); cross-attention keys/values are computed once per sentence in
+``encode`` and never copied per beam.
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq
-from nmtkit.models.layers import Attention, FeedForward, make_norm, sdpa, sinusoidal_positions
+from nmtkit.models.layers import Attention, make_norm, sdpa
+from nmtkit.models.moe import MoEFeedForward, make_ffn
+from nmtkit.models.positions import Positions
 from nmtkit.specials import PAD
 
 
@@ -49,26 +52,33 @@ class Sublayer(nn.Module):
         return out if self.pre_norm else self.norm(out)
 
 
+def feed_forward(ffn: nn.Module, x: Tensor, keep: Optional[Tensor], router_stats: Optional[list]) -> Tensor:
+    """Dense FFNs see every token alike; MoE layers also take the real-token mask [B, T] (padding
+    is not routed) and append their RouterStats to ``router_stats``."""
+    return ffn(x, keep, router_stats) if isinstance(ffn, MoEFeedForward) else ffn(x)
+
+
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, cfg.activation_dropout)
+        self.ffn = make_ffn(cfg, index, "encoder")
         self.attn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        q, k, v = self.self_attn.project_qkv(self.attn_block.inputs(x))
+    def forward(self, x: Tensor, mask: Tensor, rotary=None, keep=None, router_stats=None) -> Tensor:
+        """x [B, S, D]; mask bool or ALiBi bias (see Positions.encoder); rotary: RoPE tables."""
+        q, k, v = self.self_attn.project_qkv(self.attn_block.inputs(x), rotary)
         x = self.attn_block.output(x, self.self_attn.attend(q, k, v, mask))
-        return self.ffn_block.output(x, self.ffn(self.ffn_block.inputs(x)))
+        return self.ffn_block.output(x, feed_forward(self.ffn, self.ffn_block.inputs(x), keep, router_stats))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, cfg.activation_dropout)
+        self.ffn = make_ffn(cfg, index, "decoder")
         self.self_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.cross_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
@@ -93,17 +103,17 @@ class DecoderLayer(nn.Module):
         out = self.cross_attn.out_proj(self.cross_attn._merge(out))
         return self.cross_block.output(x, out), attn
 
-    def forward(self, x: Tensor, kv, src_mask: Tensor, cache=None, need_attn: bool = False):
-        """Full sequence (cache None, causal) or one incremental step (cache = past k, v)."""
-        q, k, v = self.self_attn.project_qkv(self.self_block.inputs(x))
-        if cache is None:
-            y = self.self_attn.attend(q, k, v, causal=True)
-        else:
+    def forward(self, x: Tensor, kv, src_mask: Tensor, cache=None, need_attn: bool = False, self_mask=None,
+                rotary=None, keep=None, router_stats=None):
+        """Full sequence (cache None, causal) or one incremental step (cache = past k, v, RoPE
+        keys already rotated). ``self_mask``: ALiBi's causal bias, or None for a plain causal mask."""
+        q, k, v = self.self_attn.project_qkv(self.self_block.inputs(x), rotary)
+        if cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-            y = self.self_attn.attend(q, k, v)  # one query sees every past position
+        y = self.self_attn.attend(q, k, v, self_mask, causal=cache is None)  # a step's query sees every past key
         x = self.self_block.output(x, y)
         x, attn = self.cross(x, kv, src_mask, need_attn)
-        x = self.ffn_block.output(x, self.ffn(self.ffn_block.inputs(x)))
+        x = self.ffn_block.output(x, feed_forward(self.ffn, self.ffn_block.inputs(x), keep, router_stats))
         return x, (k, v), attn
 
 
@@ -121,10 +131,10 @@ class Transformer(Seq2Seq):
         else:
             self.tgt_embed = nn.Embedding(tgt_vocab_size, d, padding_idx=PAD)
         self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.decoder_layers))
         self.encoder_norm = make_norm(cfg.norm, d) if cfg.pre_norm else nn.Identity()
         self.decoder_norm = make_norm(cfg.norm, d) if cfg.pre_norm else nn.Identity()
         self._reset_parameters()
@@ -143,31 +153,38 @@ class Transformer(Seq2Seq):
                 emb.weight[PAD].zero_()
 
     @property
-    def max_positions(self) -> int:
-        return self.cfg.max_positions
+    def max_positions(self) -> Optional[int]:
+        """The position table's length; None for ALiBi and RoPE, which have no table."""
+        return None if self.positions.unbounded else self.cfg.max_positions
 
-    def _embed(self, embedding: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
-        x = embedding(tokens) * self.embed_scale + self.positions[start:start + tokens.size(1)]
+    def _embed(self, embedding: nn.Embedding, tokens: Tensor, side: str, start: int = 0) -> Tensor:
+        x = self.positions.embed(embedding(tokens) * self.embed_scale, side, start)
         return self.dropout(x)
 
-    def encode(self, src: Tensor, src_mask: Tensor) -> TransformerEncoderOut:
-        x = self._embed(self.src_embed, src)  # (B, S, D)
-        mask = src_mask[:, None, None, :]  # (B, 1, 1, S): keys that may be attended
+    def encode(self, src: Tensor, src_mask: Tensor, router_stats: Optional[list] = None) -> TransformerEncoderOut:
+        """``router_stats``: a list that MoE layers append their RouterStats to (training)."""
+        x = self._embed(self.src_embed, src, "src")  # (B, S, D)
+        mask, rotary = self.positions.encoder(src_mask)  # keys that may be attended (+ ALiBi bias)
         for layer in self.encoder:
-            x = layer(x, mask)
+            x = layer(x, mask, rotary, src_mask, router_stats)
         memory = self.encoder_norm(x)
         cross_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
         return TransformerEncoderOut(memory=memory, src_mask=src_mask, cross_kv=cross_kv)
 
-    def decode(self, tgt_in: Tensor, enc: TransformerEncoderOut) -> Tensor:
+    def decode(self, tgt_in: Tensor, enc: TransformerEncoderOut, router_stats: Optional[list] = None) -> Tensor:
         """Teacher-forced decoder states [B, T, D] (before the output projection)."""
-        x = self._embed(self.tgt_embed, tgt_in)
+        x = self._embed(self.tgt_embed, tgt_in, "tgt")
+        self_mask, rotary = self.positions.decoder(0, tgt_in.size(1), tgt_in.device)
+        keep = tgt_in.ne(PAD)
         for layer, kv in zip(self.decoder, enc.cross_kv):
-            x, _, _ = layer(x, kv, enc.src_mask)
+            x, _, _ = layer(x, kv, enc.src_mask, self_mask=self_mask, rotary=rotary, keep=keep,
+                            router_stats=router_stats)
         return self.decoder_norm(x)
 
-    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
-        return self.output_proj(self.decode(tgt_in, self.encode(src, src_mask)))  # (B, T, V)
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, router_stats: Optional[list] = None) -> Tensor:
+        """Logits [B, T, V]; MoE layers append their RouterStats to ``router_stats`` if given."""
+        enc = self.encode(src, src_mask, router_stats)
+        return self.output_proj(self.decode(tgt_in, enc, router_stats))  # (B, T, V)
 
     def init_state(self, enc: EncoderOut, beam: int = 1) -> TransformerState:
         rows = enc.src_mask.size(0) * beam
@@ -177,16 +194,24 @@ class Transformer(Seq2Seq):
 
     def decode_step(self, prev: Tensor, enc: TransformerEncoderOut, state: TransformerState,
                     need_attn: bool = False) -> tuple[Tensor, TransformerState]:
-        x = self._embed(self.tgt_embed, prev[:, None], start=state.step)  # (rows, 1, D)
+        x = self._embed(self.tgt_embed, prev[:, None], "tgt", start=state.step)  # (rows, 1, D)
+        self_mask, rotary = self.positions.decoder(state.step, 1, prev.device)
         new_kv, attn = [], None
         last = len(self.decoder) - 1
         for i, (layer, kv, cache) in enumerate(zip(self.decoder, enc.cross_kv, state.self_kv)):
-            x, kv_step, layer_attn = layer(x, kv, enc.src_mask, cache=cache, need_attn=need_attn and i == last)
+            x, kv_step, layer_attn = layer(x, kv, enc.src_mask, cache=cache, need_attn=need_attn and i == last,
+                                           self_mask=self_mask, rotary=rotary)
             new_kv.append(kv_step)
             attn = layer_attn if layer_attn is not None else attn
         logits = self.output_proj(self.decoder_norm(x))[:, 0]  # (rows, V)
         return logits, TransformerState(self_kv=new_kv, step=state.step + 1,
                                         attn=None if attn is None else attn[:, 0])
+
+    def active_parameters(self) -> int:
+        """Parameters one token uses: all but, in each MoE layer, the experts it is not routed to."""
+        idle = sum((len(m.experts) - m.top_k) * sum(p.numel() for p in m.experts[0].parameters())
+                   for m in self.modules() if isinstance(m, MoEFeedForward))
+        return self.num_parameters() - idle
 
     @torch.no_grad()
     def cross_attention_maps(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:

@@ -19,8 +19,12 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
     for part in ("embeddings", "encoder", "decoder", "other", "total"):
         if counts[part] or part == "total":
             table.add_row(f"parameters: {part}", f"{counts[part]:,}")
+    active = model.active_parameters()
+    table.add_row("parameters: active per token", f"{active:,}")
     m = cfg.model
-    dims = (f"d {m.d_model}, ffn {m.ffn_dim}, heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}"
+    dims = (f"d {m.d_model}, ffn {m.ffn_dim} ({m.ffn}), heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}, "
+            f"{m.positions} positions" + (f", MoE {m.moe_experts} experts top-{m.moe_top_k} every {m.moe_every}"
+                                          if m.moe_experts else "")
             if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
     table.add_row("dims", dims)
     table.add_row("vocab (src / tgt)", f"{vocab_sizes[0]} / {vocab_sizes[1]}")
@@ -30,4 +34,4 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
                   f"{effective:,} = {cfg.train.max_tokens:,} x {update_freq} x {world} process(es)")
     table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
     console.print(table)
-    return {**counts, "effective_batch_tokens": effective}
+    return {**counts, "active": active, "effective_batch_tokens": effective}

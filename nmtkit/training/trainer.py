@@ -36,6 +36,7 @@ from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_ch
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.optim import make_optimizer
 from nmtkit.training.precision import LossScaler
+from nmtkit.training.routing import RouterWindow, router_penalty
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.signals import StopFlag
 from nmtkit.training.summary import print_summary
@@ -62,6 +63,16 @@ def _out_of_memory_names(batch, update: int, max_tokens: int):
                               f"({batch.src.numel()} source and {batch.tgt_in.numel()} target tokens with "
                               f"padding); lower train.max_tokens (now {max_tokens}) and raise train.update_freq "
                               f"to keep the effective batch") from err
+
+
+def _refuse_beyond_table(data, max_positions: int, where: Path) -> None:
+    """A learned position table has no row past ``max_positions``: cutting the sentences that
+    need one would train on silently changed data, so training refuses them instead."""
+    longest = max(int(data.src_lengths().max()), int(data.tgt_lengths().max()) + 1)  # targets start with BOS
+    if longest > max_positions:
+        raise ConfigError(f"{where} has a sentence of {longest} positions but model.positions=learned has "
+                          f"model.max_positions={max_positions} rows; raise model.max_positions, or lower "
+                          f"data.clean.max_len and prepare again")
 
 
 def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
@@ -132,12 +143,17 @@ class Trainer:
         self.forward_model = dist.wrap(forward, device)
         self.model_dim = cfg.model.width  # the noam schedule's d_model
         self.max_len = getattr(model, "max_positions", None)
+        m = cfg.model
+        if m.arch == "transformer" and m.positions == "learned":
+            _refuse_beyond_table(self.train_data, m.max_positions, work.ids("train"))
         self.optimizer = make_optimizer(self.model, cfg, device)
         self.loss_scaler = LossScaler(dtype, device)  # fp16 only
         self.state = TrainerState()
         self.ema: Optional[dict[str, torch.Tensor]] = None
         self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name}
         self.metrics = MetricsLog(run_dir, cfg.train.tensorboard)
+        routed = m.arch == "transformer" and m.moe_experts > 0
+        self.router_window = RouterWindow(with_z=m.moe_z_weight > 0) if routed else None
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -229,9 +245,7 @@ class Trainer:
             with _out_of_memory_names(batch, self.state.step + 1, t.max_tokens), \
                     dist.no_sync_unless(self.forward_model, last), \
                     autocast(self.device, self.dtype):
-                logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-                self.loss_scaler.scaled(loss * scale).backward()
+                loss, nll = self._loss(batch, scale)
             loss_sum += loss.detach()
             nll_sum += nll.detach()
         lr = learning_rate(self.state.step + 1, t, self.model_dim)
@@ -249,6 +263,21 @@ class Trainer:
         if self.ema is not None:
             self._update_ema()
         return loss_sum, nll_sum, total_tokens
+
+    def _loss(self, batch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one micro-batch; returns its summed smoothed loss and NLL. An
+        MoE model's router losses join the gradient as a per-token penalty (not in the loss shown)."""
+        stats = None if self.router_window is None else []
+        routed = {} if stats is None else {"router_stats": stats}
+        logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in, **routed)
+        loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing)
+        total = loss
+        if stats is not None:
+            m = self.cfg.model
+            total = loss + router_penalty(stats, m.moe_aux_weight, m.moe_z_weight) * batch.ntokens
+            self.router_window.add(stats)
+        self.loss_scaler.scaled(total * scale).backward()
+        return loss, nll
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -358,6 +387,8 @@ class Trainer:
                   "tgt_tok_s": round(tok_s, 1), "train_seconds": round(self.state.train_seconds, 1)}
         if self.loss_scaler.enabled:
             record["loss_scale"] = self.loss_scaler.scale
+        if self.router_window is not None:
+            record.update(self.router_window.record())
         self._log(record)
         progress.update(self.state.step, record)
         window.update(loss=torch.zeros((), device=self.device), nll=torch.zeros((), device=self.device), tokens=0,

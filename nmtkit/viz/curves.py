@@ -4,7 +4,10 @@ steps or training wall time, several runs overlaid (one colour per run).
 The data is ``RUN_DIR/metrics.jsonl``, the trainer's record of a run: ``train`` lines carry
 ``step``, ``loss``, ``lr`` and ``train_seconds``; ``valid`` lines carry ``step``,
 ``dev_loss`` and (with BLEU validation) ``dev_bleu``. Validation lines have no clock of
-their own: their time is interpolated from the training lines around them.
+their own: their time is interpolated from the training lines around them. Runs of
+Mixture-of-Experts models add two panels, one line per MoE layer: the load-balancing loss
+(``moe_aux_layers``, 1 = uniform routing) and the busiest expert's share of assignments
+times the number of experts (from ``moe_load``: 1 = balanced, E = every token on one expert).
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from nmtkit.viz.figure import check_image_path, new_figure, save_figure
 # (record type, field, panel title)
 PANELS = (("train", "loss", "training loss"), ("valid", "dev_loss", "dev loss"),
           ("valid", "dev_bleu", "dev BLEU"), ("train", "lr", "learning rate"))
+# (per-layer field, panel title, layer value -> number)
+MOE_PANELS = (("moe_aux_layers", "MoE load-balancing loss per layer", float),
+              ("moe_load", "MoE busiest expert share x experts", lambda shares: max(shares) * len(shares)))
 X_AXES = ("step", "time")
 
 
@@ -55,6 +61,19 @@ def series(records: list[dict], kind: str, field: str, x: str) -> tuple[list[flo
     return _seconds_at(steps, train), values
 
 
+def layer_series(records: list[dict], field: str, value, x: str) -> dict[str, tuple[list[float], list[float]]]:
+    """{MoE layer: (x, y)} from a per-layer field of the train records ({layer: number or list})."""
+    points = [r for r in records if r.get("type") == "train" and isinstance(r.get(field), dict)]
+    xs, _ = series(points, "train", "step", x)
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for at, record in zip(xs, points):
+        for layer, raw in record[field].items():
+            layer_xs, layer_ys = out.setdefault(layer, ([], []))
+            layer_xs.append(at)
+            layer_ys.append(value(raw))
+    return out
+
+
 def _time_unit(max_seconds: float) -> tuple[float, str]:
     if max_seconds <= 120:
         return 1.0, "seconds"
@@ -65,8 +84,8 @@ def _time_unit(max_seconds: float) -> tuple[float, str]:
 
 def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step",
                 size: tuple[int, int] = (1200, 800), labels: Sequence[str] | None = None) -> Path:
-    """Draw the four panels for every run into ``out`` (format from its suffix); the legend
-    names each run by ``labels`` or, without them, by its directory."""
+    """Draw the four panels (six with MoE runs) for every run into ``out`` (format from its
+    suffix); the legend names each run by ``labels`` or, without them, by its directory."""
     if x not in X_AXES:
         raise ConfigError(f"--x {x!r}: expected one of {', '.join(X_AXES)}")
     if not run_dirs:
@@ -74,28 +93,38 @@ def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step"
     check_image_path(out)  # before reading anything
     runs = [(label, read_metrics(d)) for label, d in zip(labels or run_labels(run_dirs), run_dirs)]
     curves = [[series(records, kind, field, x) for kind, field, _ in PANELS] for _, records in runs]
+    moe = [[layer_series(records, field, value, x) for field, _, value in MOE_PANELS] for _, records in runs]
+    with_moe = any(layers for run in moe for layers in run)
     longest = max((max(xs) for run in curves for xs, _ in run if xs), default=0.0)
     scale, unit = (1.0, "update steps") if x == "step" else _time_unit(longest)
     fig = new_figure(*size)
-    axes = fig.subplots(2, 2, sharex=True).ravel()
+    grid = fig.subplots(2, 3 if with_moe else 2, sharex=True)
+    axes = list(grid[:, :2].ravel()) + (list(grid[:, 2]) if with_moe else [])  # the four panels, then MoE
     colors = [f"C{i % 10}" for i in range(len(runs))]
     for (label, _), run, color in zip(runs, curves, colors):
         for ax, (kind, _, _), (xs, ys) in zip(axes, PANELS, run):
             if ys:
                 ax.plot([v * scale for v in xs], ys, color=color, label=label,
                         marker="o" if kind == "valid" else None, markersize=3, linewidth=1.2)
-    for ax, (_, field, title) in zip(axes, PANELS):
+    if with_moe:
+        for run, color in zip(moe, colors):
+            for ax, layers in zip(axes[4:], run):
+                for xs, ys in layers.values():  # one thin line per MoE layer, in the run's colour
+                    ax.plot([v * scale for v in xs], ys, color=color, linewidth=0.8, alpha=0.7)
+    titles = [(field, title) for _, field, title in PANELS] + ([(f, t) for f, t, _ in MOE_PANELS] if with_moe else [])
+    for ax, (field, title) in zip(axes, titles):
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if not ax.lines:
             ax.text(0.5, 0.5, f"no {field} in the metrics", transform=ax.transAxes, ha="center", va="center",
                     color="gray")
     axes[3].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    for ax in axes[2:]:
+    for ax in grid[1]:
         ax.set_xlabel(unit if x == "step" else f"training time ({unit})")
     handles, labels = axes[0].get_legend_handles_labels()
     if not handles:  # no training records at all: take the legend from any panel that has lines
-        handles, labels = next((a.get_legend_handles_labels() for a in axes if a.lines), ([], []))
+        handles, labels = next((a.get_legend_handles_labels() for a in axes if a.get_legend_handles_labels()[0]),
+                               ([], []))
     if handles:
         fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 4), frameon=False)
     return save_figure(fig, out)
