@@ -178,14 +178,26 @@ def test_cpu_bf16_attention_path_matches_sdpa(causal):
     torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
 
 
-def test_learns_to_reverse_ten_symbols():
-    """The paper's model, tiny: reversing 10 symbols reaches > 95% exact match (greedy)."""
+# variant -> (model settings, updates, exact-match bar). ALiBi and RoPE carry no absolute
+# position and our sources no end marker, so finding the mirror position takes them longer:
+# RoPE 90% exact after 600 updates, 97% after 800; ALiBi 77.5% after 600, 81.5% after 1,000
+# (with a symmetric encoder bias it stays at 4%: positions.py explains why).
+REVERSAL = {"paper": ({}, 600, 0.95), "learned": (dict(positions="learned"), 600, 0.95),
+            "rope": (dict(positions="rope"), 800, 0.95), "alibi": (dict(positions="alibi"), 600, 0.6),
+            "moe": (dict(moe_experts=4, moe_top_k=2), 600, 0.95)}
+
+
+@pytest.mark.parametrize("variant", list(REVERSAL))
+def test_learns_to_reverse_ten_symbols(variant):
+    """The paper's model and each variant, tiny: reversing 10 symbols reaches the variant's bar of
+    exact matches (greedy; 95% but for ALiBi, see REVERSAL)."""
     from nmtkit.decoding.search import greedy_search
     from nmtkit.specials import EOS
 
     torch.manual_seed(0)
     symbols, length = 10, 10
-    cfg = tiny_cfg(d_model=64, ffn_dim=128, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
+    settings, steps, bar = REVERSAL[variant]
+    cfg = tiny_cfg(d_model=64, ffn_dim=128, heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0, **settings)
     model = build_model(cfg, symbols + 4, symbols + 4)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(1)
@@ -197,7 +209,7 @@ def test_learns_to_reverse_ten_symbols():
         tgt_out = torch.cat([tgt, torch.full((n, 1), EOS)], 1)
         return src, tgt_in, tgt_out
 
-    for _ in range(600):
+    for _ in range(steps):
         src, tgt_in, tgt_out = sample(64)
         logits = model(src, src.ne(PAD), tgt_in)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
@@ -209,4 +221,4 @@ def test_learns_to_reverse_ten_symbols():
     with torch.no_grad():
         hyps = greedy_search(model, src, src.ne(PAD), lenpen=0.0, max_len_a=1.0, max_len_b=2, min_len=1)
     exact = sum(h[0].tokens == s.flip(0).tolist() for h, s in zip(hyps, src)) / len(src)
-    assert exact > 0.95, exact  # ~15 s on 2 cores; the issue asks for under a minute
+    assert exact > bar, exact  # ~15 s on 2 cores for the paper's model; the issue asks for under a minute
