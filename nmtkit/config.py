@@ -8,13 +8,16 @@ heavy (no torch) so that ``nmtkit --help`` stays fast.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from nmtkit.errors import ConfigError
+from nmtkit.limits import MAX_PARAMETERS, check_range
+from nmtkit.recipe_text import plain_copy, safe_yaml
 
 
 @dataclass
@@ -28,7 +31,9 @@ class CleanConfig:
 
 @dataclass
 class DataConfig:
-    source: Literal["files", "hf", "sword"] = "sword"
+    # files | hf | sword: required, so a forgotten line cannot quietly train on another corpus;
+    # each source's own keys below (files / hf_* / sword_*) are an error under another source
+    source: str = ""
     src_lang: str = "en"
     tgt_lang: str = "es"
     # files: {split: {lang: path}} e.g. {"train": {"en": "a.en", "es": "a.es"}, ...}
@@ -160,7 +165,6 @@ class TrainConfig:
     dev_bleu_max_sentences: int = 500
     max_bad_steps: int = 5  # consecutive NaN/inf steps before giving up
     average_last: int = 5  # checkpoints averaged by `nmtkit run` (0/1: none)
-    workers: int = 1  # background data-loading threads (0: load in the main thread)
     tensorboard: bool = False  # also write metrics as TensorBoard scalars to RUN_DIR/tensorboard (needs tensorboard)
 
 
@@ -172,7 +176,6 @@ class DecodeConfig:
     max_len_b: int = 50  # output length limit = a * |x| + b
     min_len: int = 1
     batch_tokens: int = 6000
-    nbest: int = 1
 
 
 @dataclass
@@ -198,6 +201,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer-base": dict(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1),
     "transformer-big": dict(d_model=1024, ffn_dim=4096, heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field types of a config dataclass (resolving them is slow; they never change)."""
+    return typing.get_type_hints(cls)
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -226,7 +235,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         try:
             return float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{key}: expected a number, got {value!r}") from None
     if annotation is str:
         if isinstance(value, (dict, list)):
@@ -239,7 +248,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         try:
             return tuple(float(v) for v in value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{key}: expected a list of numbers, got {value!r}") from None
     if annotation is dict:
         if not isinstance(value, dict):
@@ -252,7 +261,7 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
     """Build dataclass ``cls`` from a (possibly partial) dict, rejecting unknown keys."""
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {values!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -275,7 +284,7 @@ def _parse_scalar(text: str) -> Any:
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return safe_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -296,36 +305,32 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-# numbers outside these ranges cannot work: say so before a model is built or a step is taken
-_POSITIVE = ("train.lr", "train.max_tokens", "train.update_freq", "train.log_every", "train.validate_every",
-             "train.save_every", "train.max_bad_steps", "train.dev_bleu_beam", "vocab.size", "model.d_model",
-             "model.heads", "model.ffn_dim", "model.max_positions", "model.embed_dim", "model.hidden_dim",
-             "decode.beam_size", "decode.nbest", "decode.batch_tokens", "model.moe_every")
-_NON_NEGATIVE = ("train.max_steps", "train.max_epochs", "train.max_minutes", "train.warmup", "train.eps",
-                 "train.weight_decay", "train.clip_norm", "train.subword_alpha", "train.seed", "train.keep_last",
-                 "train.patience", "train.workers", "train.threads", "train.batches_per_update", "train.average_last",
-                 "train.dev_bleu_max_sentences", "model.encoder_layers", "model.decoder_layers", "decode.max_len_a",
-                 "decode.max_len_b",
-                 "decode.min_len", "data.max_train_pairs", "data.dev_size", "data.test_size", "data.clean.max_len",
-                 "data.clean.max_ratio", "vocab.workers", "model.moe_experts", "model.moe_aux_weight",
-                 "model.moe_z_weight", "model.moe_capacity_factor")
-_FRACTIONS = ("train.label_smoothing", "train.ema_decay", "model.dropout", "model.attention_dropout",
-              "model.activation_dropout")
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d{1,4})?")  # the devices nmtkit runs on
+_SOURCE_KEYS = {"files": ("files",), "hf": ("hf_name", "hf_config", "hf_revision", "hf_splits"),
+                "sword": ("sword_src", "sword_tgt", "sword_path")}
+
+
+def _numeric_keys(cls: type, prefix: str) -> list[str]:
+    """Dotted names of every int and float field under dataclass ``cls``."""
+    keys, hints = [], _hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += _numeric_keys(hints[f.name], f"{prefix}{f.name}.")
+        elif hints[f.name] in (int, float):
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+NUMERIC_KEYS = _numeric_keys(Config, "")
 
 
 def _check_ranges(cfg: Config) -> None:
-    def value(key: str) -> Any:
+    """Every number against its rule in ``nmtkit.limits``, before a model is built or a step taken."""
+    for key in NUMERIC_KEYS:
         node = cfg
         for part in key.split("."):
             node = getattr(node, part)
-        return node
-
-    for keys, ok, rule in ((_POSITIVE, lambda v: v > 0, "must be positive"),
-                           (_NON_NEGATIVE, lambda v: v >= 0, "must not be negative"),
-                           (_FRACTIONS, lambda v: 0 <= v < 1, "must be in [0, 1)")):
-        for key in keys:
-            if not ok(value(key)):
-                raise ConfigError(f"{key} {rule}, got {value(key)}")
+        check_range(key, node)
     betas = cfg.train.betas
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {list(betas)}")
@@ -343,14 +348,42 @@ def _check_subword_sampling(cfg: Config) -> None:
             raise ConfigError("train.subword_nbest applies to vocab.type=unigram only (BPE-dropout has no n-best)")
 
 
+def _check_source(data: DataConfig) -> None:
+    """A source must be named, and no key of another source may be set."""
+    if data.source not in _SOURCE_KEYS:
+        given = f"{data.source!r} is not one of" if data.source else "is missing; choose one of"
+        raise ConfigError(f"data.source {given} {', '.join(_SOURCE_KEYS)}")
+    defaults = DataConfig()
+    for owner, keys in _SOURCE_KEYS.items():
+        for key in keys:
+            if owner != data.source and getattr(data, key) != getattr(defaults, key):
+                raise ConfigError(f"data.{key} belongs to data.source={owner}, but data.source is {data.source}")
+
+
+def estimated_parameters(cfg: Config) -> int:
+    """An upper estimate of the weights (plus position table) the model would allocate, from
+    the config alone: refusing an absurd size here beats an allocation traceback later."""
+    m, vocab = cfg.model, cfg.vocab.size
+    if m.arch == "transformer":
+        d, ffn = m.d_model, m.ffn_dim
+        ffn *= max(m.moe_experts, 1)  # every layer counted as MoE: an upper estimate
+        layers = m.encoder_layers * (4 * d * d + 3 * d * ffn) + m.decoder_layers * (8 * d * d + 3 * d * ffn)
+        return 3 * vocab * d + layers + m.max_positions * d
+    e, h = m.embed_dim, m.hidden_dim
+    return 3 * vocab * max(e, h) + (m.encoder_layers + m.decoder_layers) * 8 * (e + 3 * h) * 2 * h
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a dataclass type cannot express."""
     m = cfg.model
     if m.preset:
         if m.preset not in PRESETS:
             raise ConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}")
+    _check_source(cfg.data)
     _check_ranges(cfg)
     _check_arch_keys(m)
+    if not DEVICE_NAME.fullmatch(cfg.train.device):
+        raise ConfigError(f"train.device: {cfg.train.device!r} is not one of auto, cpu, cuda, cuda:N")
     if m.arch == "transformer" and m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
     _check_subword_sampling(cfg)
@@ -362,14 +395,17 @@ def validate(cfg: Config) -> Config:
                           f"({m.d_model // m.heads}) must be even")
     if m.tie_embeddings == "all" and not cfg.vocab.joint:
         raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
+    if estimated_parameters(cfg) > MAX_PARAMETERS:
+        raise ConfigError(f"the model would have about {estimated_parameters(cfg):.2g} parameters "
+                          f"(more than {MAX_PARAMETERS:.0e}): check model dimensions, layers and vocab.size")
     return cfg
 
 
 def from_dict(raw: dict) -> Config:
-    raw = json.loads(json.dumps(raw))  # deep copy; also rejects non-plain values early
+    raw = plain_copy(raw)
     model = raw.get("model") or {}
     preset = model.get("preset") if isinstance(model, dict) else None
-    if preset in PRESETS:  # preset values are defaults that explicit keys override
+    if isinstance(preset, str) and preset in PRESETS:  # preset values are defaults that explicit keys override
         raw["model"] = {**PRESETS[preset], **model}
     return validate(_build(Config, raw, ""))
 
@@ -389,7 +425,7 @@ def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) 
         if not path.is_file():
             raise ConfigError(f"recipe not found: {path}")
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
         if not isinstance(raw, dict):

@@ -5,18 +5,22 @@ import functools
 
 import torch
 
+from nmtkit.config import DEVICE_NAME
 from nmtkit.errors import ConfigError
 
 
 def resolve_device(name: str = "auto") -> torch.device:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` as a torch device. Other torch device types
+    (mps, meta, xla, ...) are refused here: nothing else is tested, and ``meta`` computes nothing."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+    if not DEVICE_NAME.fullmatch(name):
+        raise ConfigError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} requested but CUDA is not available")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {name!r} requested but there are only {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 

@@ -68,11 +68,11 @@ BAD_RECIPES = [  # (recipe text or None for a missing file, overrides, fragment 
     ("train: {learning_rate: 1}\n", [], "unknown config key train.learning_rate; valid keys under train:"),
     ("modle: {}\n", [], "unknown config key modle"),
     ("", ["model.d_model=30", "model.heads=4"], "model.d_model (30) must be divisible by model.heads (4)"),
-    ("", ["model.heads=0"], "model.heads must be positive, got 0"),
-    ("", ["train.lr=-0.1"], "train.lr must be positive, got -0.1"),
-    ("", ["train.save_every=0"], "train.save_every must be positive, got 0"),
+    ("", ["model.heads=0"], "model.heads must be in [1, 1024], got 0"),
+    ("", ["train.lr=-0.1"], "train.lr must be in (0, 100], got -0.1"),
+    ("", ["train.save_every=0"], "train.save_every must be in [1, 2**62], got 0"),
     ("", ["train.betas=[0.9]"], "train.betas must be two numbers in [0, 1), got [0.9]"),
-    ("", ["train.seed=-1"], "train.seed must not be negative, got -1"),
+    ("", ["train.seed=-1"], "train.seed must be in [0, 2**63-1], got -1"),
     ("", ["model.dropout=1.5"], "model.dropout must be in [0, 1), got 1.5"),
     ("", ["train.max_steps=many"], "train.max_steps: expected an integer, got 'many'"),
     ("", ["train.max_steps"], "is not of the form key=value"),
@@ -85,7 +85,7 @@ def test_bad_recipes_are_one_line_with_exit_2(tmp_path, monkeypatch, capsys, tex
     path = tmp_path / "recipe.yaml"
     if text is not None:
         path.write_text(text, encoding="utf-8")
-    code, err = cli(monkeypatch, capsys, "train", str(path), *overrides)
+    code, err = cli(monkeypatch, capsys, "train", str(path), *overrides, *(["data.source=files"] if text == "" else []))
     assert err.count("\n") == 1  # nothing but the error line
     assert_error(code, err, 2, fragment)
 

@@ -114,8 +114,11 @@ def test_sinusoidal_positions_match_formula():
 
 def test_paper_sizes():
     """Table 3 of the paper: base 65M (63M with a shared 37k vocab), big 213M."""
-    base = parameter_table(build_model(from_dict({"model": {"preset": "transformer-base"}}).model, 37000, 37000))
-    big = parameter_table(build_model(from_dict({"model": {"preset": "transformer-big"}}).model, 37000, 37000))
+    def preset(name: str):
+        return from_dict({"data": {"source": "hf"}, "model": {"preset": name}}).model
+
+    base = parameter_table(build_model(preset("transformer-base"), 37000, 37000))
+    big = parameter_table(build_model(preset("transformer-big"), 37000, 37000))
     assert base["total"] == 63_082_496
     assert big["total"] == 214_245_376
 

@@ -1,0 +1,50 @@
+"""Recipe text to a plain tree: YAML without anchors or aliases, and nothing but str-keyed
+mappings, lists and scalars, of a size a recipe can have. Checked before anything is copied
+or compared, so a hostile recipe costs milliseconds, not gigabytes."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from nmtkit.errors import ConfigError
+
+
+def safe_yaml(text: str) -> Any:
+    """``yaml.safe_load`` without anchors and aliases: a few hundred bytes of nested aliases
+    expand to billions of values (a "billion laughs"), and a recipe never needs them."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent) or getattr(self.peek_event(), "anchor", None):
+                mark = self.peek_event().start_mark
+                raise ConfigError(f"YAML anchors and aliases (&name, *name) are not allowed in recipes "
+                                  f"(line {mark.line + 1}); write the values out")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise ConfigError("YAML nested too deeply for a recipe") from None
+
+
+_MAX_DEPTH, _MAX_VALUES = 16, 100_000  # a recipe is a few sections of a few dozen keys
+
+
+def plain_copy(value: Any, key: str = "recipe", budget: Optional[list] = None, depth: int = 0) -> Any:
+    """A deep copy of a recipe tree of str-keyed dicts, lists and scalars, or a ConfigError
+    naming the first key with anything else (a YAML date, a non-string key) or a tree too
+    deep or too large to be a recipe."""
+    budget = budget if budget is not None else [_MAX_VALUES]
+    budget[0] -= 1
+    if budget[0] < 0 or depth > _MAX_DEPTH:
+        raise ConfigError(f"{key}: nested too deeply or too large for a recipe")
+    if isinstance(value, dict):
+        bad = next((k for k in value if not isinstance(k, str)), None)
+        if bad is not None:
+            raise ConfigError(f"{key}: keys must be names, got {bad!r}")
+        return {k: plain_copy(v, f"{key}.{k}" if depth else k, budget, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_copy(v, f"{key}[{i}]", budget, depth + 1) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise ConfigError(f"{key}: {value!r} is not a plain value (a number, string, list or mapping)")
