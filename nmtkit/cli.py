@@ -58,6 +58,8 @@ app = typer.Typer(
 _state = {"debug": False, "verbosity": 0}
 # OSErrors that are the user's to fix (a full disk, a quota, a read-only or forbidden place): one line
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
+# ... and those that mean a path the user gave is the wrong kind of thing (workdir=a file): bad input, exit 2
+_INPUT_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
 
 RecipeArg = typer.Argument(..., help="YAML recipe (see recipes/).", show_default=False)
 OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=1000 vocab.size=4000.",
@@ -359,11 +361,11 @@ def main() -> None:
         print(f"nmtkit: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except OSError as err:
-        if _state["debug"] or err.errno not in _ENVIRONMENT_ERRNOS:
+        if _state["debug"] or err.errno not in _ENVIRONMENT_ERRNOS | _INPUT_ERRNOS:
             raise
         print(f"nmtkit: error: {err.filename}: {err.strerror}" if err.filename else f"nmtkit: error: {err.strerror}",
               file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2 if err.errno in _INPUT_ERRNOS else 1)
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)
         sys.exit(130)

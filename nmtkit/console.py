@@ -24,6 +24,11 @@ class NmtConsole(Console):
         if self.verbosity >= 1:
             self.print(*objects, **kwargs)
 
+    def rule(self, *args: Any, **kwargs: Any) -> None:
+        """A section heading (hidden when quiet)."""
+        if self.verbosity >= 0:
+            super().rule(*args, **kwargs)
+
     def warn(self, message: str) -> None:
         self.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)  # one line, whatever the width
 

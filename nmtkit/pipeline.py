@@ -146,6 +146,6 @@ def _print_results(console, results: dict) -> None:
     for split, r in results["splits"].items():
         table.add_row(split, str(r["sentences"]), f"{r['bleu']['score']:.2f}", f"{r['chrf']['score']:.2f}",
                       f"{r['ter']['score']:.2f}")
-    console.print(table)
+    console.info(table)
     console.info(f"parameters {results.get('parameters') or 0:,}; trained {results.get('train_steps', '?')} steps in "
                  f"{results.get('train_minutes', '?')} min; total {results['total_minutes']} min")

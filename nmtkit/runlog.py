@@ -88,6 +88,17 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
+def summary_writer_class():
+    """TensorBoard's SummaryWriter, or a one-line error saying how to install it; training
+    calls it before building the model, so a missing package is found at the start."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise NmtkitError("train.tensorboard=true needs the tensorboard package: "
+                          "pip install 'nmtkit[tensorboard]' (or tensorboard)") from None
+    return SummaryWriter
+
+
 class MetricsLog:
     """The trainer's side of RUN_DIR/metrics.jsonl (the source of truth), mirrored with
     ``tensorboard`` as TensorBoard scalars ``{type}/{field}`` in RUN_DIR/tensorboard."""
@@ -119,10 +130,7 @@ class MetricsLog:
             writer.flush()
 
     def _open_tensorboard(self, first_step: int):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise NmtkitError("train.tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+        SummaryWriter = summary_writer_class()
         # purge_step hides events a previous session wrote after the checkpoint we resumed from
         self._writer = SummaryWriter(log_dir=str(self.run.path / "tensorboard"), purge_step=first_step)
         return self._writer

@@ -214,8 +214,9 @@ def test_tensorboard_missing_is_one_clear_error(tiny_run, tmp_path, monkeypatch)
     shutil.copytree(tiny_run.parent / "prepared", tmp_path / "prepared")
     for name, module in BLOCK_TENSORBOARD.items():
         monkeypatch.setitem(sys.modules, name, module)
-    with pytest.raises(NmtkitError, match="pip install tensorboard"):
+    with pytest.raises(NmtkitError, match=r"needs the tensorboard package: pip install 'nmtkit\[tensorboard\]'"):
         _train(tmp_path, max_steps=5, best_metric="loss", tensorboard=True)
+    assert not (tmp_path / "train").exists()  # refused before a model was built or a step taken
 
 
 def test_tensorboard_mirrors_metrics(tiny_run, tmp_path):

@@ -7,7 +7,8 @@ from nmtkit.models.build import parameter_table
 from nmtkit.training import distributed as dist
 
 
-def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype) -> dict:
+def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype,
+                  always: bool = False) -> dict:
     """The --dry-run table: parameters by part, dims and the effective batch."""
     from rich.table import Table
 
@@ -33,5 +34,6 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
     table.add_row("effective batch (tokens)",
                   f"{effective:,} = {cfg.train.max_tokens:,} x {update_freq} x {world} process(es)")
     table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
-    console.print(table)
+    (console.print if always else console.info)(table)  # information before training (-q hides it);
+    # the answer itself for --dry-run (always)
     return {**counts, "active": active, "effective_batch_tokens": effective}

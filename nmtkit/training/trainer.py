@@ -28,7 +28,7 @@ from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.files import read_lines
 from nmtkit.modeldir import load_weights, save_model_dir, unique_state
 from nmtkit.models.build import build_model
-from nmtkit.runlog import MetricsLog, check_resume_settings
+from nmtkit.runlog import MetricsLog, check_resume_settings, summary_writer_class
 from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
@@ -93,13 +93,15 @@ def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) ->
 
 def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: bool) -> Optional[Path]:
     dtype = resolve_dtype(cfg.train.dtype, device, cpu_fp16=True)
+    if cfg.train.tensorboard:
+        summary_writer_class()  # a missing package is found now, not at the first log step
     if dry_run:  # works before `prepare`: vocab.size stands in for the SentencePiece models
         try:
             sizes = tuple(len(v) for v in _vocabs(cfg)[2:])
         except DataError:
             sizes = (cfg.vocab.size, cfg.vocab.size)
         if dist.is_main():
-            print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype)
+            print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype, always=True)
         return None
     src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
     if device.type == "cpu":

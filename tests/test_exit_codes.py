@@ -1,0 +1,99 @@
+"""prepare, train and run keep README's rule: exit 2 when the command line, the recipe or a
+file the user named is wrong, 1 when the run itself fails; and -q prints nothing but
+warnings and errors."""
+from __future__ import annotations
+
+import fcntl
+import sys
+
+import pytest
+import yaml
+
+from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from test_robustness import assert_error, cli
+
+MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
+
+
+@pytest.fixture()
+def files_recipe(tmp_path):
+    """A `files` recipe over six small text files, and a function to write it with changes."""
+    files = {}
+    for split, n in (("train", 60), ("dev", 8), ("test", 8)):
+        pairs = reversal_pairs(n, len(files), length=5)
+        files[split] = {}
+        for side, lang in enumerate(("src", "tgt")):
+            path = tmp_path / f"{split}.{lang}"
+            path.write_text("".join(pair[side] + "\n" for pair in pairs))
+            files[split][lang] = str(path)
+
+    def write(**sections) -> str:
+        recipe = tiny_recipe(tmp_path / "work", model=MODEL, data={"files": files},
+                             train={"max_steps": 4, "max_tokens": 200, "validate_every": 2, "save_every": 2})
+        for key, values in sections.items():
+            recipe[key] = {**recipe.get(key, {}), **values} if isinstance(values, dict) else values
+        path = tmp_path / f"recipe{len(list(tmp_path.glob('recipe*.yaml')))}.yaml"  # each call its own file
+        path.write_text(yaml.safe_dump(recipe))
+        return str(path)
+
+    return write
+
+
+@pytest.mark.parametrize("command", ["prepare", "train", "run"])
+def test_bad_input_exits_2(command, files_recipe, tmp_path, monkeypatch, capsys):
+    recipe = files_recipe()
+    cases = [  # (arguments, fragment of the one error line)
+        ([str(tmp_path / "missing.yaml")], "recipe not found"),
+        ([recipe, "train.lr=nan"], "train.lr must be a finite number"),
+        ([recipe, "data.source=bible"], "data.source 'bible' is not one of"),
+        ([files_recipe(workdir=str(tmp_path / "train.src"))],  # workdir is a file
+         "run `nmtkit prepare`" if command == "train" else "train.src/prepared: Not a directory"),
+    ]
+    if command != "train":
+        cases.append(([files_recipe(data={"files": {"train": {"src": "nope", "tgt": "nope"}}})],
+                      "file not found: nope (data.files.train.src)"))
+    if command == "train":
+        cases.append(([recipe], "run `nmtkit prepare` on this recipe first"))
+    for args, fragment in cases:
+        code, err = cli(monkeypatch, capsys, "-q", command, *args)
+        assert_error(code, err, 2, fragment)
+
+
+@pytest.mark.parametrize("command", ["prepare", "run"])
+def test_a_prepare_in_progress_exits_1(command, files_recipe, tmp_path, monkeypatch, capsys):
+    prepared = tmp_path / "work" / "prepared"
+    prepared.mkdir(parents=True)
+    with open(prepared / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, err = cli(monkeypatch, capsys, "-q", command, files_recipe())
+    assert_error(code, err, 1, "is in use by another `nmtkit prepare`")
+
+
+def test_train_missing_packages_exit_1_and_changed_models_or_damaged_checkpoints_exit_2(files_recipe, tmp_path, monkeypatch, capsys):
+    write_prepared(tmp_path / "work", reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe(), "train.tensorboard=true")
+    assert_error(code, err, 1, "needs the tensorboard package")
+    assert not (tmp_path / "work" / "train").exists()  # found before the model was built
+    code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe())
+    assert code == 0 and err == "", err
+    code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe(), "train.max_steps=6", "model.ffn_dim=48")
+    assert_error(code, err, 2, "model settings differ from the checkpoints")
+    for ck in (tmp_path / "work" / "train" / "checkpoints").iterdir():
+        (ck / "model.safetensors").write_bytes(b"damaged")
+    code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe(), "train.max_steps=6")
+    assert_error(code, err, 2, "no readable checkpoint")  # damaged input files are bad input (README)
+
+
+def test_quiet_train_prints_nothing_but_warnings(files_recipe, tmp_path):
+    write_prepared(tmp_path / "work", reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
+    out = run_cli("-q", "train", files_recipe())
+    assert out.returncode == 0 and out.stdout == b"" and out.stderr == b"", out.stderr.decode()
+    out = run_cli("-q", "train", files_recipe(), "train.max_steps=6", "train.save_every=1000")
+    assert out.returncode == 0 and out.stdout == b""
+    assert out.stderr.decode().splitlines() == ["warning: resuming with train.max_steps = 6 (was 4)",
+                                                "warning: resuming with train.save_every = 1000 (was 2)"]
+    loud = run_cli("train", files_recipe(), "train.max_steps=8")
+    assert "parameters: total" in loud.stderr.decode()  # what -q hid
+    dry = run_cli("-q", "train", files_recipe(), "--dry-run")
+    assert "parameters: total" in dry.stderr.decode()  # the answer to --dry-run, even with -q
