@@ -96,6 +96,15 @@ def test_an_alias_bomb_is_refused_in_one_line_before_it_expands(tmp_path):
         load_config(None, ["data.source=files", "train.betas=[&x 0.9, *x]"])
 
 
+def test_a_sweep_file_with_aliases_is_refused_too(tmp_path):
+    from nmtkit.sweep.spec import load_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("recipe: &r ../quickstart.yaml\nvariants: [{name: a, recipe: *r}]\n")
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        load_sweep(sweep)
+
+
 def test_deep_or_huge_recipes_and_non_plain_values_are_config_errors(tmp_path):
     deep = tmp_path / "deep.yaml"
     deep.write_text("data: " + "[" * 5000 + "]" * 5000 + "\n")

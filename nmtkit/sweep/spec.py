@@ -32,6 +32,7 @@ from typing import Any
 
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
+from nmtkit.recipe_text import safe_yaml
 from nmtkit.workdir import WorkDir
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid")
@@ -132,7 +133,7 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"sweep file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}  # no aliases: see recipe_text.py
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not a valid YAML sweep file ({str(err).splitlines()[0]})") from None
     if not isinstance(raw, dict):
