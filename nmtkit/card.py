@@ -10,6 +10,7 @@ out. No weights are loaded.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -130,6 +131,7 @@ def model_card(model_dir: str | Path) -> dict:
 def basic_card(model_dir: Path, meta: dict) -> dict:
     """What a model's own metadata (config.json, or an export's nmtkit.json) tells."""
     from nmtkit.data.vocab import Vocab
+    from nmtkit.modeldir import saved_decode
 
     spm = meta.get("spm", {})
     return {
@@ -142,6 +144,8 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
                        "joint": spm["src"] == spm["tgt"]},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
         "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
+        # what `translate -m` uses unless flags say otherwise; "defaults" for a model saved without them
+        "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": "recipe" if "decode" in meta else "defaults"},
         "nmtkit_version": meta.get("nmtkit_version"),
     }
 
@@ -178,6 +182,10 @@ def print_card(card: dict, file=None) -> None:
     table.add_row("vocabulary", f"{vocab['source']:,} joint" if vocab["joint"]
                   else f"{vocab['source']:,} source / {vocab['target']:,} target")
     table.add_row("languages", f"{languages['source']} -> {languages['target']}")
+    decode = card["decode"]
+    table.add_row("decode", f"beam {decode['beam_size']}, lenpen {decode['lenpen']}, length <= "
+                  f"{decode['max_len_a']} x source + {decode['max_len_b']}, min {decode['min_len']}, "
+                  f"{decode['batch_tokens']} tokens a batch (from the {decode['from']})")
     table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
     export = card.get("export")
     if export:

@@ -66,6 +66,11 @@ OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps
                               show_default=False)
 
 
+def _saved(text: str, setting: str) -> str:
+    """Help for a decode flag whose default is the model's saved setting."""
+    return f"{text}. Default: the model's (from its recipe), else {getattr(_DEFAULTS, setting)}."
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"nmtkit {__version__}")
@@ -131,16 +136,16 @@ def translate(
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
                                          help="Output file (default: stdout), written atomically; a device or "
                                               "named pipe is written directly, a symbolic link is followed."),
-    beam_size: int = typer.Option(_DEFAULTS.beam_size, "--beam-size", "-b", min=1, help="Beam size (1: greedy)."),
-    lenpen: float = typer.Option(_DEFAULTS.lenpen, "--lenpen", help="GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs."),
-    max_len_a: float = typer.Option(_DEFAULTS.max_len_a, "--max-len-a", help="Output length limit a*|x|+b: a."),
-    max_len_b: int = typer.Option(_DEFAULTS.max_len_b, "--max-len-b", help="Output length limit a*|x|+b: b."),
-    min_len: int = typer.Option(_DEFAULTS.min_len, "--min-len", help="Minimum output length in pieces (EOS blocked before)."),
+    beam_size: Optional[int] = typer.Option(None, "--beam-size", "-b", help=_saved("Beam size (1: greedy)", "beam_size"), show_default=False),
+    lenpen: Optional[float] = typer.Option(None, "--lenpen", help=_saved("GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs", "lenpen"), show_default=False),
+    max_len_a: Optional[float] = typer.Option(None, "--max-len-a", help=_saved("Output length limit a*|x|+b: a", "max_len_a"), show_default=False),
+    max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help=_saved("Output length limit a*|x|+b: b", "max_len_b"), show_default=False),
+    min_len: Optional[int] = typer.Option(None, "--min-len", help=_saved("Minimum output length in pieces (EOS blocked before)", "min_len"), show_default=False),
     nbest: int = typer.Option(_DEFAULTS.nbest, "--nbest", min=1, help="N > 1: exactly N lines per input line, best first, as "
                                 "INDEX<tab>SCORE<tab>TEXT (INDEX: the input line, from 0; --alignments adds a 4th "
                                 "field). Lines the search cannot fill (all but the first for an empty input) have an "
                                 "empty text and score -inf."),
-    batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help=_saved("Source tokens x beam per batch", "batch_tokens"), show_default=False),
     device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
     scores: bool = typer.Option(_DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab."),
@@ -156,12 +161,19 @@ def translate(
                                 "export, torch otherwise), torch or ctranslate2."),
     compile: bool = typer.Option(_DEFAULTS.compile, "--compile", help="torch.compile the decoder step (needs a C++ compiler on CPU; the first batches pay the compile time)."),
 ) -> None:
-    """Translate a file or stdin; always one output line per input line, in order."""
-    from nmtkit.translation import translate_file
+    """Translate a file or stdin; always one output line per input line, in order. Decode
+    settings not given as flags are the model's own (its recipe's decode section)."""
+    import dataclasses
 
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.translation import saved_decode_settings, translate_file
+
+    flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                 batch_tokens=batch_tokens)
+    decode = {**dataclasses.asdict(saved_decode_settings(model[0])),
+              **{name: value for name, value in flags.items() if value is not None}}  # a flag always wins
     options = TranslateOptions(
-        beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-        nbest=nbest, batch_tokens=batch_tokens, device=device, dtype=dtype, scores=scores, alignments=alignments,
+        **decode, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
         compile=compile,
     )
@@ -252,7 +264,9 @@ def sweep(
 @app.command(cls=_Command)
 def average(
     run_dir: Path = typer.Argument(..., help="Training run directory (holds checkpoints/)."),
-    last: int = typer.Option(5, "--last", min=1, help="Average the last N checkpoints (all of them, with a warning, when fewer exist)."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, show_default=False,
+                                       help="Average the last N checkpoints (default: the run's train.average_last; "
+                                            "all of them, with a warning, when fewer exist)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
                                          help="Model directory to write (default: RUN_DIR/averaged); an existing "
                                               "directory is replaced only if it is a complete model directory."),

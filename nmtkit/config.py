@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from nmtkit.errors import ConfigError
-from nmtkit.limits import MAX_PARAMETERS, check_range
+from nmtkit.limits import DEVICE_NAME, MAX_PARAMETERS, check_range
 from nmtkit.recipe_text import plain_copy, safe_yaml
 
 
@@ -178,6 +177,9 @@ class DecodeConfig:
     batch_tokens: int = 6000
 
 
+DECODE_SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
+
+
 @dataclass
 class Config:
     name: str = "experiment"
@@ -305,7 +307,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d{1,4})?")  # the devices nmtkit runs on
 _SOURCE_KEYS = {"files": ("files",), "hf": ("hf_name", "hf_config", "hf_revision", "hf_splits"),
                 "sword": ("sword_src", "sword_tgt", "sword_path")}
 
@@ -324,13 +325,26 @@ def _numeric_keys(cls: type, prefix: str) -> list[str]:
 NUMERIC_KEYS = _numeric_keys(Config, "")
 
 
-def _check_ranges(cfg: Config) -> None:
-    """Every number against its rule in ``nmtkit.limits``, before a model is built or a step taken."""
+def _check_ranges(section: Any, prefix: str = "") -> None:
+    """Every number of ``section`` (the whole config, or the one named by ``prefix``, e.g.
+    "decode.") against its rule in ``nmtkit.limits``, before a model is built or a step taken."""
     for key in NUMERIC_KEYS:
-        node = cfg
-        for part in key.split("."):
+        if not key.startswith(prefix):
+            continue
+        node = section
+        for part in key[len(prefix):].split("."):
             node = getattr(node, part)
         check_range(key, node)
+
+
+def decode_config_from_dict(values: dict) -> DecodeConfig:
+    """The decode settings saved with a model directory, checked by the rules of a recipe."""
+    decode = _build(DecodeConfig, values, "decode.")
+    _check_ranges(decode, "decode.")
+    return decode
+
+
+def _check_betas(cfg: Config) -> None:
     betas = cfg.train.betas
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {list(betas)}")
@@ -381,6 +395,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}")
     _check_source(cfg.data)
     _check_ranges(cfg)
+    _check_betas(cfg)
     _check_arch_keys(m)
     if not DEVICE_NAME.fullmatch(cfg.train.device):
         raise ConfigError(f"train.device: {cfg.train.device!r} is not one of auto, cpu, cuda, cuda:N")

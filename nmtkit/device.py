@@ -5,8 +5,8 @@ import functools
 
 import torch
 
-from nmtkit.config import DEVICE_NAME
 from nmtkit.errors import ConfigError
+from nmtkit.limits import DEVICE_NAME
 
 
 def resolve_device(name: str = "auto") -> torch.device:

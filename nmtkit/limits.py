@@ -8,11 +8,13 @@ before a tensor exists, or turn into inf/nan arithmetic. Imports nothing heavy.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
 from nmtkit.errors import ConfigError
 
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d{1,4})?")  # the devices nmtkit runs on (no mps, meta, xla)
 MAX_STEPS = 2**62  # step and epoch counters: far from int64 overflow in any arithmetic on them
 MAX_SEED = 2**63 - 1  # torch's manual_seed and numpy's SeedSequence both take [0, 2**63 - 1]
 MAX_DIM = 65_536  # a width (d_model, ffn, hidden) past this is a typo, not an experiment

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from nmtkit import __version__
-from nmtkit.config import ModelConfig, model_config_from_dict
+from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.files import UMASK, atomic_write_text, replace_directory, sha256_file, temp_sibling
@@ -171,6 +171,17 @@ def model_dir_problem(path: Path) -> Optional[str]:
         if entry.name not in expected or entry.is_symlink() or not entry.is_file():
             return f"holds {entry.name}, which is not part of a model directory"
     return None
+
+
+def saved_decode(meta: dict, where: Any) -> DecodeConfig:
+    """The decode settings a model was trained with (its recipe's ``decode`` section, kept in
+    config.json); ``DecodeConfig``'s defaults for a model saved before they were kept."""
+    if "decode" not in meta:
+        return DecodeConfig()
+    try:
+        return decode_config_from_dict(meta["decode"])
+    except NmtkitError as err:
+        raise CheckpointError(f"{where}: bad decode settings ({err})") from None
 
 
 def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:

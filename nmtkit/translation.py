@@ -8,14 +8,17 @@ stdout receives translations only.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Optional, Sequence
 
 from nmtkit.compiler import compile_decoder
+from nmtkit.config import DecodeConfig
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import check_readable, decode_line
+from nmtkit.modeldir import CONFIG, saved_decode
 from nmtkit.outputs import check_output_file, is_stream, open_output
 
 CHUNK_LINES = 10_000  # lines read, translated and written at a time
@@ -34,6 +37,23 @@ def resolve_engine(model_dirs: Sequence[str | Path], engine: str) -> str:
     if engine == "auto":
         return "ctranslate2" if exported else "torch"
     return engine
+
+
+def saved_decode_settings(model_dir: str | Path) -> DecodeConfig:
+    """The decode settings saved with a model directory or a CTranslate2 export (its
+    nmtkit.json); the defaults where there are none or the directory cannot be read (loading
+    the model then reports that in its own words)."""
+    from nmtkit.ctranslate2.export import META
+
+    for name in (CONFIG, META):
+        path = Path(model_dir) / name
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and "decode" in meta:
+            return saved_decode(meta, path)
+    return DecodeConfig()
 
 
 def open_engine(model_dirs: Sequence[str], options: TranslateOptions):

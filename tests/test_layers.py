@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 # lowest first; a unit is a top-level module or package of nmtkit ("" is nmtkit/__init__.py)
 LAYERS = (
     ("", "errors", "specials", "allocator", "console", "workdir", "threads", "compiler"),
+    ("limits", "recipe_text"),
     ("files", "device"),
     ("config", "outputs", "runlog"),
     ("data", "models", "scoring"),

@@ -199,7 +199,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
                 "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
                 "max_positions": loaded.model.max_positions, "heads": cfg.heads,  # None: no limit (RoPE)
-                "model": loaded.meta["model"], **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang") if k in loaded.meta}}
+                "model": loaded.meta["model"],
+                **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang", "decode") if k in loaded.meta}}
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
         replace_directory(tmp, out_dir)
     except BaseException:

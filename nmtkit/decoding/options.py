@@ -7,18 +7,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from nmtkit.config import DecodeConfig
+from nmtkit.config import DECODE_SETTINGS, DecodeConfig
 from nmtkit.errors import ConfigError
+from nmtkit.limits import range_problem
+
+# every numeric option and the rule it follows: a decode setting shares its recipe key's range
+NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS},
+                   **{name: f"translate.{name}" for name in ("nbest", "topk", "topp", "temperature", "seed")}}
 
 ENGINES = ("auto", "torch", "ctranslate2")
 
 
 @dataclass
 class TranslateOptions(DecodeConfig):
-    """``DecodeConfig`` (beam_size, lenpen, max_len_a/b, min_len, batch_tokens, nbest; nbest > 1
-    writes exactly nbest "index \\t score \\t text" lines per input line, best first) plus the
-    settings below."""
+    """``DecodeConfig`` (beam_size, lenpen, max_len_a/b, min_len, batch_tokens) plus the settings
+    below, which are a translate call's own (an output format is not a recipe's to choose); nbest > 1
+    writes exactly nbest "index \\t score \\t text" lines per input line, best first."""
 
+    nbest: int = 1  # > 1: "index \t score \t text" lines, best first
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: Linear layers quantised dynamically)
     scores: bool = False  # prefix "score \t"
@@ -48,13 +54,11 @@ class TranslateOptions(DecodeConfig):
             problems.append(f"--errors must be strict or replace, not {self.errors!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
             problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
-        if self.beam_size < 1 or self.nbest < 1 or self.batch_tokens < 1:
-            problems.append("--beam-size, --nbest and --batch-tokens must be at least 1")
-        if not self.sample and self.nbest > self.beam_size:
+        for name, key in NUMERIC_OPTIONS.items():  # the recipe's ranges (nmtkit/limits.py), named as flags
+            problem = range_problem(key, getattr(self, name), "--" + name.replace("_", "-"))
+            if problem:
+                problems.append(problem)
+        if not problems and not self.sample and self.nbest > self.beam_size:
             problems.append(f"--nbest {self.nbest} needs --beam-size >= {self.nbest}")
-        if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
-            problems.append("--min-len, --max-len-a and --max-len-b must not be negative")
-        if self.sample and (self.temperature <= 0 or not 0 < self.topp <= 1 or self.topk < 0):
-            problems.append("sampling needs --temperature > 0, 0 < --topp <= 1 and --topk >= 0")
         if problems:
             raise ConfigError("; ".join(problems))

@@ -148,7 +148,7 @@ def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DECODE.lenpen,
                 max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b, min_len: int = DECODE.min_len,
-                nbest: int = DECODE.nbest, need_attn: bool = False) -> list[list[Hypothesis]]:
+                nbest: int = 1, need_attn: bool = False) -> list[list[Hypothesis]]:
     """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
 
     All sentences and beams advance together as ``B * beam`` decoder rows. Each step takes
@@ -290,7 +290,7 @@ def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0
 
 
 def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: int = 0, topp: float = 1.0,
-           temperature: float = 1.0, nbest: int = DECODE.nbest, lenpen: float = DECODE.lenpen,
+           temperature: float = 1.0, nbest: int = 1, lenpen: float = DECODE.lenpen,
            max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
            min_len: int = DECODE.min_len, need_attn: bool = False,
            generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:

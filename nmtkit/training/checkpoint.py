@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
+from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, sha256_file
 from nmtkit.modeldir import (CONFIG, WEIGHTS, read_meta, read_weights, save_model_dir, state_dict_for_save,
@@ -183,10 +184,11 @@ def tidy_run_dir(run_dir: Path) -> None:
                 path.unlink(missing_ok=True)
 
 
-def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | Path] = None,
+def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output: Optional[str | Path] = None,
                         warn: Optional[Callable[[str], None]] = None) -> Path:
-    """Average the weights of the newest ``last`` checkpoints into a model directory; with
-    fewer checkpoints than ``last``, all of them, said through ``warn``."""
+    """Average the weights of the newest ``last`` checkpoints into a model directory (by default
+    as many as the run's ``train.average_last``, saved with each checkpoint); with fewer
+    checkpoints than ``last``, all of them, said through ``warn``."""
     from nmtkit.modeldir import load_model_dir, model_dir_problem
     from nmtkit.outputs import check_output_dir
 
@@ -199,6 +201,9 @@ def average_checkpoints(run_dir: str | Path, last: int, output: Optional[str | P
     dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run_dir}: no checkpoints to average (expected {run_dir}/checkpoints/step_*)")
+    if last is None:
+        saved = read_meta(dirs[-1]).get("average_last", TrainConfig().average_last)
+        last = max(saved, 1) if isinstance(saved, int) and not isinstance(saved, bool) else TrainConfig().average_last
     if len(dirs) < last and warn is not None:
         warn(f"--last {last}: {run_dir / 'checkpoints'} holds only {len(dirs)} checkpoint(s) "
              f"({dirs[0].name} to {dirs[-1].name}); averaging those {len(dirs)}")

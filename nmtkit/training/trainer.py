@@ -8,6 +8,7 @@ Under ``torchrun`` each rank takes its own micro-batches of every update (see di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -152,7 +153,10 @@ class Trainer:
         self.loss_scaler = LossScaler(dtype, device)  # fp16 only
         self.state = TrainerState()
         self.ema: Optional[dict[str, torch.Tensor]] = None
-        self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name}
+        # the decode settings travel with every model directory, so `translate -m` decodes as the
+        # recipe said; average_last is the default of `nmtkit average --last`
+        self.meta = {"src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "recipe": cfg.name,
+                     "decode": dataclasses.asdict(cfg.decode), "average_last": cfg.train.average_last}
         self.metrics = MetricsLog(run_dir, cfg.train.tensorboard)
         routed = m.arch == "transformer" and m.moe_experts > 0
         self.router_window = RouterWindow(with_z=m.moe_z_weight > 0) if routed else None

@@ -1,0 +1,167 @@
+"""A model directory carries its recipe's decode settings: `translate` uses them unless a flag
+says otherwise, `info` shows them, `average` defaults to the run's train.average_last; and
+every numeric translate option is checked where it enters (one line, exit 2)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import reversal_pairs, tiny_recipe, train_tiny, write_prepared
+from nmtkit.config import DecodeConfig, from_dict
+from test_robustness import assert_error, cli
+
+SAVED = {"beam_size": 2, "lenpen": 0.0, "max_len_a": 0.0, "max_len_b": 2, "min_len": 1, "batch_tokens": 500}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, reversal_spm) -> dict[str, Path]:
+    """The same weights saved twice: as older nmtkit did (no decode settings) and with SAVED."""
+    from nmtkit.modeldir import load_model_dir, save_model_dir
+
+    root = tmp_path_factory.mktemp("decode")
+    old = train_tiny(reversal_spm, root / "old", steps=60)
+    loaded = load_model_dir(old)
+    new = save_model_dir(loaded.model, loaded.model_cfg, root / "new", reversal_spm, reversal_spm, {"decode": SAVED})
+    text = root / "in.txt"
+    text.write_text("".join(src + "\n" for src, _ in reversal_pairs(6, 5, length=6)))
+    return {"old": old, "new": new, "input": text}
+
+
+def run(monkeypatch, capsys, *args: str) -> str:
+    """``nmtkit ARGS`` in this process, which must succeed: its stdout."""
+    import sys
+
+    from nmtkit.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    captured = capsys.readouterr()
+    assert (stopped.value.code or 0) == 0, captured.err
+    return captured.out
+
+
+def run_translate(monkeypatch, capsys, model: Path, text: Path, *flags: str) -> list[str]:
+    return run(monkeypatch, capsys, "-q", "translate", "-m", str(model), "-i", str(text), *flags).splitlines()
+
+
+def flags_for(decode: dict) -> list[str]:
+    return [part for name, value in decode.items() for part in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def test_translate_uses_the_saved_settings_unless_a_flag_overrides(models, monkeypatch, capsys):
+    saved = run_translate(monkeypatch, capsys, models["new"], models["input"])
+    assert saved == run_translate(monkeypatch, capsys, models["new"], models["input"], *flags_for(SAVED))
+    defaults = DecodeConfig().__dict__
+    explicit = run_translate(monkeypatch, capsys, models["new"], models["input"], *flags_for(defaults))
+    assert explicit == run_translate(monkeypatch, capsys, models["old"], models["input"])  # older dirs: defaults
+    assert all(len(line.split()) <= 2 for line in saved)  # max_len_a 0, max_len_b 2
+    assert saved != explicit
+    one_flag = run_translate(monkeypatch, capsys, models["new"], models["input"], "--max-len-b", "50",
+                             "--max-len-a", "1")  # the rest stays as saved (beam 2, lenpen 0)
+    assert one_flag == run_translate(monkeypatch, capsys, models["old"], models["input"],
+                                     *flags_for({**SAVED, "max_len_b": 50, "max_len_a": 1.0}))
+
+
+def test_info_shows_the_decode_settings(models, monkeypatch, capsys):
+    from nmtkit.card import model_card
+
+    assert model_card(models["new"])["decode"] == {**SAVED, "from": "recipe"}
+    assert model_card(models["old"])["decode"] == {**DecodeConfig().__dict__, "from": "defaults"}
+    monkeypatch.setenv("COLUMNS", "300")  # one table row, one line
+    assert "beam 2, lenpen 0.0, length <= 0.0 x source + 2, min 1, 500 tokens a batch (from the recipe)" in \
+        run(monkeypatch, capsys, "info", str(models["new"]))
+
+
+def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
+    from nmtkit.modeldir import load_model_dir, save_model_dir
+
+    loaded = load_model_dir(models["old"])
+    spm = models["old"] / loaded.meta["spm"]["src"]
+    bad = save_model_dir(loaded.model, loaded.model_cfg, tmp_path / "bad", spm, spm, {"decode": {"beam_size": 0}})
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(bad), "-i", str(models["input"]))
+    assert_error(code, err, 1, "bad decode settings (decode.beam_size must be in [1, 1000], got 0)")
+
+
+def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_path, monkeypatch, capsys):
+    from nmtkit.console import get_console
+    from nmtkit.translation import saved_decode_settings as decode_settings_of
+    from nmtkit.training.trainer import train
+
+    write_prepared(tmp_path, reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
+    decode = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 1.5, "max_len_b": 9, "min_len": 2, "batch_tokens": 800}
+    cfg = from_dict(tiny_recipe(tmp_path, model={"d_model": 16, "ffn_dim": 32, "encoder_layers": 1,
+                                                 "decoder_layers": 1},
+                                train={"max_steps": 6, "save_every": 2, "validate_every": 3, "max_tokens": 200,
+                                       "average_last": 2, "keep_last": 5},
+                                decode=decode))
+    run_dir = train(cfg, get_console(-1))
+    for model_dir in (run_dir / "best", *sorted((run_dir / "checkpoints").iterdir())):
+        assert decode_settings_of(model_dir).__dict__ == decode
+    code, err = cli(monkeypatch, capsys, "-q", "average", str(run_dir))
+    assert code == 0, err
+    meta = json.loads((run_dir / "averaged" / "config.json").read_text())
+    assert meta["averaged_from"] == ["step_00000004", "step_00000006"] and meta["decode"] == decode
+    code, err = cli(monkeypatch, capsys, "-q", "average", str(run_dir), "--last", "3", "-o", str(tmp_path / "three"))
+    assert code == 0 and len(json.loads((tmp_path / "three" / "config.json").read_text())["averaged_from"]) == 3
+
+
+def test_an_export_keeps_the_decode_settings(models, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from nmtkit.ctranslate2.export import export_ctranslate2
+    from nmtkit.translation import saved_decode_settings as decode_settings_of
+
+    out = export_ctranslate2(models["new"], tmp_path / "model.ct2", None)
+    assert decode_settings_of(out).__dict__ == SAVED
+
+
+# --- numeric options (issue 14, item 16) -------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sample", "--temperature", "inf"], "--temperature must be a finite number, got inf"),
+    (["--max-len-b", str(10**11)], "--max-len-b must be in [0, 10000], got 100000000000"),
+    (["--max-len-a", "nan"], "--max-len-a must be a finite number, got nan"),
+    (["--lenpen", "nan", "--scores"], "--lenpen must be a finite number, got nan"),
+    (["--seed", str(2**64)], "--seed must be in [0, 2**63-1], got 18446744073709551616"),
+    (["--beam-size", "0"], "--beam-size must be in [1, 1000], got 0"),
+    (["--topp", "0", "--sample"], "--topp must be in (0, 1], got 0.0"),
+    (["--device", "xla"], "unknown device 'xla' (use auto, cpu, cuda or cuda:N)"),
+    (["--device", "meta"], "unknown device 'meta' (use auto, cpu, cuda or cuda:N)"),
+])
+def test_bad_numbers_are_refused_before_translating(models, monkeypatch, capsys, flags, message):
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(models["new"]), "-i", str(models["input"]), *flags)
+    assert_error(code, err, 2, message)
+
+
+NUMERIC_FLAGS = ["--beam-size", "--lenpen", "--max-len-a", "--max-len-b", "--min-len", "--nbest", "--batch-tokens",
+                 "--topk", "--topp", "--temperature", "--seed"]
+TEXTS = (st.integers(min_value=-(2**70), max_value=2**70).map(str) | st.floats().map(str)
+         | st.sampled_from(["nan", "inf", "-inf", "1e400", "0", "1", "2", "0.5", "-0", "", "x", "1_0", "0x10"]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(flag=st.sampled_from(NUMERIC_FLAGS), text=TEXTS, sample=st.booleans())
+def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeypatch, capsys, flag, text, sample):
+    import sys
+
+    from nmtkit.cli import main
+
+    short = models["input"].with_name("one.txt")
+    short.write_text("a b c\n\n")
+    monkeypatch.setattr(sys, "argv", ["nmtkit", "-q", "translate", "-m", str(models["new"]), "-i", str(short),
+                                      "--max-len-b", "3", *(["--sample"] if sample else []), f"{flag}={text}"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    if stopped.value.code and "Invalid value for" in " ".join(captured.err.split()):
+        assert stopped.value.code == 2 and "Usage:" in captured.err  # not a number: Typer's usage error
+    elif stopped.value.code:
+        assert_error(stopped.value.code, captured.err, 2)
+    else:
+        lines = len(captured.out.splitlines())  # one input line and one empty line
+        assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (int(text) + 1, 2 * int(text)))
