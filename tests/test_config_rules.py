@@ -195,10 +195,7 @@ def test_any_value_for_any_key_loads_or_is_a_config_error(key, value):
 # --- no key without an effect (Done when) ------------------------------------------------------
 
 # keys that config.py itself applies, so nothing else needs to read them
-APPLIED_BY_CONFIG = {
-    "workdir": "read through Config.work_path",
-    "model.preset": "expanded into the model dims by from_dict",
-}
+APPLIED_BY_CONFIG = {"model.preset": "expanded into the model dims by from_dict"}
 # keys another helper is implementing right now; each entry must go when its reader lands
 NOT_YET_READ = {"train.compile": "torch.compile of the model (issue 14, item 3)"}
 
