@@ -91,7 +91,8 @@ RANGES: dict[str, Bound] = {
     "decode.batch_tokens": Bound(1, 10**9),
     # translate options without a recipe key
     "translate.nbest": Bound(1, 1000), "translate.topk": Bound(0, 1_000_000),
-    "translate.topp": Bound(0, 1, low_open=True), "translate.temperature": Bound(0, 1000, low_open=True),
+    "translate.topp": Bound(0, 1, low_open=True),
+    "translate.temperature": Bound(0.01, 100),  # below 0.01 logits / T overflow float32 (and it is greedy anyway)
     "translate.seed": Bound(0, MAX_SEED),
 }
 

@@ -28,14 +28,14 @@ def test_every_model_key_is_shared_or_owned_by_one_architecture():
 ])
 def test_a_key_of_the_other_architecture_is_an_error(model, message):
     with pytest.raises(ConfigError, match=message):
-        from_dict({"model": model})
+        from_dict({"data": {"source": "files"}, "model": model})
 
 
 def test_shared_keys_and_own_keys_pass_and_saved_configs_load_again(tmp_path):
-    rnn = from_dict({"model": {"arch": "rnn", "hidden_dim": 300, "dropout": 0.3, "encoder_layers": 2}})
+    rnn = from_dict({"data": {"source": "files"}, "model": {"arch": "rnn", "hidden_dim": 300, "dropout": 0.3, "encoder_layers": 2}})
     assert (rnn.model.hidden_dim, rnn.model.dropout, rnn.model.width) == (300, 0.3, 300)
     save_config(rnn, tmp_path / "config.yaml")  # lists the Transformer keys too, at their defaults
     assert load_config(tmp_path / "config.yaml").to_dict() == rnn.to_dict()
-    transformer = from_dict({"model": {"preset": "transformer-big"}})
+    transformer = from_dict({"data": {"source": "files"}, "model": {"preset": "transformer-big"}})
     assert transformer.model.width == transformer.model.d_model == 1024
     assert Config().model.width == 512
