@@ -126,7 +126,7 @@ def test_unigram_draws_follow_the_segmentation_probabilities(prepared):
 @pytest.mark.parametrize("settings, message", [
     ({"train": {"subword_nbest": 1}}, "train.subword_nbest must be -1"),
     ({"train": {"subword_nbest": 0}}, "train.subword_nbest must be -1"),
-    ({"train": {"subword_alpha": -0.1}}, "train.subword_alpha must not be negative"),
+    ({"train": {"subword_alpha": -0.1}}, r"train.subword_alpha must be in \[0, 10\], got -0.1"),
     ({"train": {"subword_alpha": 1.0}, "vocab": {"type": "bpe"}}, "BPE-dropout probability"),
     ({"train": {"subword_alpha": 0.1, "subword_nbest": 4}, "vocab": {"type": "bpe"}}, "unigram only"),
 ])
