@@ -84,7 +84,7 @@ def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
     spm = models["old"] / loaded.meta["spm"]["src"]
     bad = save_model_dir(loaded.model, loaded.model_cfg, tmp_path / "bad", spm, spm, {"decode": {"beam_size": 0}})
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(bad), "-i", str(models["input"]))
-    assert_error(code, err, 1, "bad decode settings (decode.beam_size must be in [1, 1000], got 0)")
+    assert_error(code, err, 2, "bad decode settings (decode.beam_size must be in [1, 1000], got 0)")
 
 
 def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_path, monkeypatch, capsys):

@@ -51,7 +51,7 @@ def test_bad_input_exits_2(command, files_recipe, tmp_path, monkeypatch, capsys)
     ]
     if command != "train":
         cases.append(([files_recipe(data={"files": {"train": {"src": "nope", "tgt": "nope"}}})],
-                      "file not found: nope (data.files.train.src)"))
+                      "(data.files.train.src = 'nope', relative to the current directory"))
     if command == "train":
         cases.append(([recipe], "run `nmtkit prepare` on this recipe first"))
     for args, fragment in cases:
