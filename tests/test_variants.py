@@ -323,7 +323,7 @@ def test_bad_variant_settings_are_config_errors(overrides, fragment):
     from nmtkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match=fragment):
-        from_dict({"model": overrides})
+        from_dict({"data": {"source": "files"}, "model": overrides})
 
 
 def test_moe_training_logs_router_statistics_and_plots_them(tmp_path):
