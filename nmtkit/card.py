@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from nmtkit.errors import CheckpointError
+from nmtkit.checksums import verify
+from nmtkit.errors import CheckpointError, NmtkitError
+from nmtkit.modeldir import read_json
 from nmtkit.runlog import read_metrics, read_run_config
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -56,7 +58,7 @@ def architecture(model: dict) -> dict:
 
 def training_summary(run_dir: Path) -> dict:
     """Steps, training time and the best dev scores of a run, from its metrics.jsonl."""
-    records = read_metrics(run_dir)
+    records = [record for record in read_metrics(run_dir) if isinstance(record, dict)]
     train = [r for r in records if r.get("type") == "train"]
     valid = [r for r in records if r.get("type") == "valid"]
     out: dict[str, Any] = {"run_dir": str(run_dir)}
@@ -73,8 +75,17 @@ def training_summary(run_dir: Path) -> dict:
 
 
 def data_summary(manifest_path: Path) -> dict:
-    """Source, pairs and tokens per split, and cleaning counts from a prepare manifest."""
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    """Source, pairs and tokens per split, and cleaning counts from a prepare manifest
+    (verified against prepared/checksums.json; CheckpointError when it is damaged)."""
+    verify(manifest_path.parent, [manifest_path.name], CheckpointError)
+    manifest = read_json(manifest_path, "prepare manifest")
+    try:
+        return _data_summary(manifest, manifest_path)
+    except (AttributeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{manifest_path}: unexpected content ({type(err).__name__}: {err})") from None
+
+
+def _data_summary(manifest: dict, manifest_path: Path) -> dict:
     tokens = manifest.get("tokens", {})
     splits = {split: {"pairs": info.get("pairs"), **({"tokens": tokens[split]} if split in tokens else {})}
               for split, info in manifest.get("splits", {}).items()}
@@ -100,31 +111,41 @@ def recipe_settings(config: dict) -> dict:
     return {k: v for k, v in flat(config).items() if k != "name" and defaults.get(k, object()) != v}
 
 
-def model_card(model_dir: str | Path) -> dict:
-    """Everything ``nmtkit info`` shows, as one JSON-ready dict."""
+def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda message: None) -> dict:
+    """Everything ``nmtkit info`` shows, as one JSON-ready dict. The model directory must be
+    sound; a damaged run config or data manifest beside it is left out, said through ``warn``."""
     from nmtkit.ctranslate2.export import META as EXPORT_META
-    from nmtkit.modeldir import read_meta
+    from nmtkit.modeldir import model_config_from_meta, read_meta
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"model directory not found: {model_dir}")
     if (model_dir / EXPORT_META).is_file():
-        return export_card(model_dir)
+        return export_card(model_dir, warn)
     meta = read_meta(model_dir)
+    model_config_from_meta(meta, model_dir / "config.json")
+    verify(model_dir, sorted(set(meta["spm"].values())), CheckpointError)
     card = basic_card(model_dir, meta)
     run_dir = find_run_dir(model_dir)
     if run_dir is None:
         return card
-    card["training"] = training_summary(run_dir)
+    try:
+        card["training"] = training_summary(run_dir)
+    except (NmtkitError, UnicodeDecodeError, KeyError) as err:
+        warn(f"training left out: {RunDir(run_dir).metrics}: {err}")
     run = RunDir(run_dir)
-    config = read_run_config(run_dir) or {}
-    card["recipe"] = {"name": config.get("name", meta.get("recipe")), "config": str(run.config),
-                      "settings": recipe_settings(config)}
+    config = run_config(run, warn)
+    if config is not None:
+        card["recipe"] = {"name": config.get("name", meta.get("recipe")), "config": str(run.config),
+                          "settings": recipe_settings(config)}
     manifest = run.workdir.manifest
-    if not manifest.is_file() and config.get("workdir"):
+    if not manifest.is_file() and config and isinstance(config.get("workdir"), str) and config["workdir"]:
         manifest = WorkDir(Path(config["workdir"])).manifest
     if manifest.is_file():
-        card["data"] = data_summary(manifest)
+        try:
+            card["data"] = data_summary(manifest)
+        except CheckpointError as err:
+            warn(f"data left out: {err}")
     return card
 
 
@@ -150,19 +171,34 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
     }
 
 
-def export_card(export_dir: Path) -> dict:
+def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
     """A CTranslate2 export's card: its source model's (training, data, recipe) while that
     directory exists, else what the export's metadata tells; plus how it was exported."""
-    from nmtkit.ctranslate2.export import META as EXPORT_META
+    from nmtkit.ctranslate2.engine import read_export_meta
     from nmtkit.modeldir import CONFIG
 
-    meta = json.loads((export_dir / EXPORT_META).read_text(encoding="utf-8"))
+    meta = read_export_meta(export_dir)  # verified against the export's checksums.json
     source = Path(meta.get("source_model", ""))
     exported_from_model = bool(meta.get("source_model")) and (source / CONFIG).is_file()
-    card = model_card(source) if exported_from_model else basic_card(export_dir, meta)
+    card = model_card(source, warn) if exported_from_model else basic_card(export_dir, meta)
     card["model_dir"] = str(export_dir)
     card["export"] = {k: meta.get(k) for k in ("format", "ctranslate2_version", "quantization", "source_model")}
     return card
+
+
+def run_config(run: RunDir, warn: Callable[[str], None]) -> Optional[dict]:
+    """The run's resolved recipe, checked as ``load_config`` checks a recipe; None (said
+    through ``warn``) when it is missing or damaged."""
+    from nmtkit.config import load_config
+
+    try:
+        config = read_run_config(run.path)
+        if config is not None:
+            load_config(run.config)  # what it means, held to the recipe rules
+    except NmtkitError as err:
+        warn(f"recipe left out: {err}" if str(run.config) in str(err) else f"recipe left out: {run.config}: {err}")
+        return None
+    return config
 
 
 def print_card(card: dict, file=None) -> None:
@@ -223,9 +259,9 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def info_command(model_dir: Path, as_json: bool) -> None:
+def info_command(model_dir: Path, as_json: bool, warn: Callable[[str], None] = lambda message: None) -> None:
     """``nmtkit info``: the model card as a table, or as one JSON object on stdout."""
-    card = model_card(model_dir)
+    card = model_card(model_dir, warn)
     if as_json:
         print(json.dumps(card, indent=1, ensure_ascii=False))
     else:

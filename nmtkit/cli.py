@@ -116,7 +116,7 @@ def prepare(recipe: Path = RecipeArg, overrides: Optional[List[str]] = Overrides
 def train(
     recipe: Path = RecipeArg,
     overrides: Optional[List[str]] = OverridesArg,
-    restart: bool = typer.Option(False, "--restart", help="Ignore existing checkpoints and start from scratch."),
+    restart: bool = typer.Option(False, "--restart", help="Start from scratch: the existing run is moved aside (train.old-DATE), not deleted."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Build the model, print its size and the batch; no training."),
 ) -> None:
     """Train a model; resumes from the last checkpoint of the run unless --restart."""
@@ -331,7 +331,7 @@ def info(
     """Show a model card: architecture, size, vocabularies, languages, training, data and recipe."""
     from nmtkit.card import info_command
 
-    info_command(model_dir, json_out)
+    info_command(model_dir, json_out, _console().warn)
 
 
 @app.command(cls=_Command)

@@ -425,9 +425,12 @@ def from_dict(raw: dict) -> Config:
     return validate(_build(Config, raw, ""))
 
 
-def model_config_from_dict(values: dict) -> ModelConfig:
-    """The ``model`` section of a saved model directory, type-checked with unknown keys rejected."""
-    return _build(ModelConfig, values, "model.")
+def model_config_from_dict(values: dict, joint_vocab: bool) -> ModelConfig:
+    """The ``model`` section of a saved model directory, type-checked with unknown keys rejected
+    and held to the rules of a recipe's model section (heads=0 or d_model<0 are errors there too)."""
+    model = _build(ModelConfig, values, "model.")
+    validate(Config(model=model, vocab=VocabConfig(joint=joint_vocab)))
+    return model
 
 
 def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) -> Config:

@@ -101,18 +101,36 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
 @contextlib.contextmanager
 def exclusive(directory: Path, holder: str) -> Iterator[None]:
     """Hold a lock on ``directory`` (its ``.lock`` file) or fail at once: two processes writing
-    the same files would corrupt them. ``holder`` names the other user in the error."""
+    the same files would corrupt them. ``holder`` names the other user in the error, with the
+    pid and host it recorded in the file. The kernel releases a ``flock`` however its holder
+    exits, so the lock of a killed process is simply taken over (no guessing by pid)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no locking
         yield
         return
-    with open(Path(directory) / ".lock", "a") as handle:  # "a": taking the lock leaves the file untouched
+    lock_file = Path(directory) / ".lock"
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)  # not truncated before we hold the lock
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise NmtkitError(f"{directory} is in use by {holder}; wait for it to finish") from None
+            raise NmtkitError(f"{directory} is in use by {holder} ({_lock_holder(lock_file)}); "
+                              f"wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
         yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(lock_file: Path) -> str:
+    """Who holds ``lock_file``, as the holder recorded it."""
+    try:
+        text = lock_file.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "a process that has not yet recorded its pid"
 
 
 def replace_directory(tmp: Path, out_dir: Path) -> None:

@@ -4,10 +4,15 @@
     MODEL_DIR/config.json         model config, vocab sizes, languages, weight checksum, metadata
     MODEL_DIR/spm*.model          the SentencePiece model(s)
 
+    MODEL_DIR/checksums.json      size and sha256 of every file above (nmtkit.checksums)
+
 The directory is written to a temporary sibling and renamed into place, so a reader
-never sees half of one. Loading verifies the checksum, so a truncated or corrupt file is a
-one-line ``CheckpointError`` naming it. This module sits above both ``models`` (the
-architecture) and ``data`` (the vocabularies) so that neither has to import the other.
+never sees half of one. Loading verifies each file it reads against checksums.json and
+validates the config with a recipe's rules, so a truncated, corrupt or swapped file is a
+one-line ``CheckpointError`` naming it. Directories from before checksums.json keep their
+older checks (the weights' sha256 in config.json, the config's rules). This module sits
+above both ``models`` (the architecture) and ``data`` (the vocabularies) so that neither
+has to import the other.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from nmtkit import __version__
+from nmtkit.checksums import MANIFEST, verify, write_manifest
 from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
@@ -129,9 +135,11 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
             "active_parameters": model.active_parameters(),  # per token: fewer than all with MoE layers
             **(extra_meta or {}),
         }
+        meta["checksums"] = MANIFEST
         if write_extra is not None:
             write_extra(tmp)
         atomic_write_text(tmp / CONFIG, json.dumps(meta, indent=2) + "\n")
+        write_manifest(tmp, [path.name for path in tmp.iterdir()])
         replace_directory(tmp, out_dir)
     except OSError as err:  # a full disk, a quota, a read-only file system: a runtime failure
         shutil.rmtree(tmp, ignore_errors=True)
@@ -142,16 +150,38 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
     return out_dir
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a model config is a few kB; anything far larger is not one
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A small JSON file nmtkit wrote, or a one-line CheckpointError (too large, too deep, not JSON)."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"{path}: too large for a {what} ({path.stat().st_size:,} bytes)")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise CheckpointError(f"{path}: corrupt {what} ({type(err).__name__}: {str(err)[:200]})") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read the {what} ({err.strerror})") from None
+
+
 def read_meta(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / CONFIG
+    """config.json of a model directory, verified against checksums.json when the directory
+    has one, and checked for the keys every reader relies on."""
+    model_dir = Path(model_dir)
+    path = model_dir / CONFIG
     if not path.is_file():
         raise CheckpointError(f"{model_dir}: not a model directory (no {CONFIG})")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path}: corrupt model config ({err})") from None
-    if not isinstance(meta, dict) or "model" not in meta:
+    checked = verify(model_dir, [CONFIG], CheckpointError)
+    meta = read_json(path, "model config")
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
         raise CheckpointError(f"{path}: not an nmtkit model config")
+    spm = meta.get("spm")
+    if not (isinstance(spm, dict) and all(isinstance(spm.get(side), str) and plain_name(spm[side])
+                                          for side in ("src", "tgt"))):
+        raise CheckpointError(f"{path}: spm must name the src and tgt SentencePiece files of the directory")
+    if not checked and meta.get("checksums"):
+        raise CheckpointError(f"{model_dir / MANIFEST}: missing ({CONFIG} says the directory has one)")
     return meta
 
 
@@ -167,8 +197,8 @@ def model_dir_problem(path: Path) -> Optional[str]:
     missing = sorted(name for name in expected if not (path / name).is_file())
     if missing:
         return f"is an incomplete model directory (no {missing[0]})"
-    for entry in sorted(path.iterdir()):
-        if entry.name not in expected or entry.is_symlink() or not entry.is_file():
+    for entry in sorted(path.iterdir()):  # checksums.json: in every directory written since it exists
+        if entry.name not in {*expected, MANIFEST} or entry.is_symlink() or not entry.is_file():
             return f"holds {entry.name}, which is not part of a model directory"
     return None
 
@@ -184,11 +214,24 @@ def saved_decode(meta: dict, where: Any) -> DecodeConfig:
         raise CheckpointError(f"{where}: bad decode settings ({err})") from None
 
 
+def plain_name(name: str) -> bool:
+    """A file name inside the directory (a config naming ../x or /etc/x is refused)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
 def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:
+    """The saved model config, held to the rules a recipe's model section must meet."""
     try:
-        return model_config_from_dict(meta["model"])
+        return model_config_from_dict(meta["model"], joint_vocab=meta["spm"]["src"] == meta["spm"]["tgt"])
     except NmtkitError as err:
         raise CheckpointError(f"{where}: incompatible model config ({err})") from None
+
+
+def read_model_weights(model_dir: Path, meta: dict) -> dict[str, torch.Tensor]:
+    """The weights of a model directory, after verifying them and its SentencePiece files
+    against checksums.json (or, in a directory without one, by the sha256 in config.json)."""
+    checked = verify(model_dir, [WEIGHTS, *sorted(set(meta["spm"].values()))], CheckpointError)
+    return read_weights(model_dir / WEIGHTS, None if checked else meta.get("weights_sha256"))
 
 
 def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
@@ -198,16 +241,23 @@ def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu") ->
         raise CheckpointError(f"model directory not found: {model_dir}")
     meta = read_meta(model_dir)
     model_cfg = model_config_from_meta(meta, model_dir / CONFIG)
+    weights = read_model_weights(model_dir, meta)
     src_vocab = Vocab(model_dir / meta["spm"]["src"])
     tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])
     model = build_model(model_cfg, len(src_vocab), len(tgt_vocab))
-    load_weights(model, read_weights(model_dir / WEIGHTS, meta.get("weights_sha256")), model_dir / WEIGHTS)
+    load_weights(model, weights, model_dir / WEIGHTS)
     model.to(device).eval()
     return LoadedModel(model, model_cfg, src_vocab, tgt_vocab, meta)
 
 
 def load_weights(model: Seq2Seq, weights: dict[str, torch.Tensor], where: Any) -> None:
     """Load weights saved by ``state_dict_for_save`` (tied tensors present once)."""
+    check_weights(model, weights, where)
+    model.load_state_dict(weights, strict=False)
+
+
+def check_weights(model: Seq2Seq, weights: dict[str, torch.Tensor], where: Any) -> None:
+    """CheckpointError unless ``weights`` has exactly the model's tensors, shapes and float types."""
     expected = {name: t.shape for name, t in state_dict_for_save(model).items()}
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
@@ -217,4 +267,5 @@ def load_weights(model: Seq2Seq, weights: dict[str, torch.Tensor], where: Any) -
         if expected[name] != tensor.shape:
             raise CheckpointError(f"{where}: {name} has shape {tuple(tensor.shape)}, "
                                   f"the config expects {tuple(expected[name])}")
-    model.load_state_dict(weights, strict=False)
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{where}: {name} holds {tensor.dtype} values, not floating point weights")

@@ -5,6 +5,7 @@ prepare -> train -> average -> translate dev and test -> score -> results table
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -23,6 +24,7 @@ def _stamp(*parts) -> str:
 def choose_model(cfg: Config, run_dir: Path, console) -> Path:
     """The model directory to evaluate: the average of the last checkpoints (as in the
     paper) when train.average_last > 1, else the best checkpoint by the dev metric."""
+    from nmtkit.errors import CheckpointError
     from nmtkit.modeldir import CONFIG, read_meta
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
 
@@ -31,8 +33,9 @@ def choose_model(cfg: Config, run_dir: Path, console) -> Path:
     if n > 1:
         out = run_dir / "averaged"
         sources = [p.name for p in dirs[-n:]]
-        if (out / CONFIG).is_file() and read_meta(out).get("averaged_from") == sources:
-            return out
+        with contextlib.suppress(CheckpointError):  # missing or damaged: averaged again
+            if read_meta(out).get("averaged_from") == sources:
+                return out
         console.info(f"averaging {n} checkpoints: {', '.join(sources)}")
         return average_checkpoints(run_dir, n, out)
     if (run_dir / "best" / CONFIG).is_file():
@@ -45,13 +48,14 @@ def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_di
     """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp, which
     keeps the time the translation took, so a cached split still reports its decoding speed);
     ``meta`` is the model directory's config.json."""
+    from nmtkit.data.ids import prepared_file
     from nmtkit.decoding.options import TranslateOptions
     from nmtkit.decoding.translate import translate_lines
     from nmtkit.modeldir import load_model_dir
 
-    sources = read_lines(WorkDir.of(cfg).text(split, cfg.data.src_lang))
+    sources = read_lines(prepared_file(WorkDir.of(cfg).text(split, cfg.data.src_lang)))
     options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device)  # one line each to score
-    stamp = _stamp(meta["weights_sha256"], dataclasses.asdict(options), len(sources))
+    stamp = _stamp(meta.get("weights_sha256"), dataclasses.asdict(options), len(sources))
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
     if hyp_path.is_file() and done.get("stamp") == stamp:
@@ -79,6 +83,7 @@ def _read_stamp(path: Path) -> dict:
 
 def run_recipe(cfg: Config, console) -> dict:
     """Run every step of the recipe and return the results dict."""
+    from nmtkit.data.ids import prepared_file
     from nmtkit.data.prepare import prepare
     from nmtkit.modeldir import read_meta
     from nmtkit.scoring.metrics import corpus_scores
@@ -98,7 +103,7 @@ def run_recipe(cfg: Config, console) -> dict:
     results: dict = {"recipe": cfg.name, "model_dir": str(model_dir), "splits": {}}
     for split in ("dev", "test"):
         hyps, seconds = translate_split(cfg, model_dir, meta, split, out_dir, console)
-        refs = read_lines(work.text(split, cfg.data.tgt_lang))
+        refs = read_lines(prepared_file(work.text(split, cfg.data.tgt_lang)))
         scores = corpus_scores(hyps, [refs])
         results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 3),
                                     **{m: {"score": round(s["score"], 2), "signature": s["signature"]}
@@ -117,13 +122,17 @@ def run_recipe(cfg: Config, console) -> dict:
 
 
 def _training_summary(run_dir: Path) -> dict:
-    from nmtkit.training.checkpoint import checkpoint_dirs
+    from nmtkit.errors import NmtkitError
+    from nmtkit.training.checkpoint import checkpoint_dirs, read_trainer_state
 
     dirs = checkpoint_dirs(run_dir)
-    if not dirs:
+    try:
+        trainer = read_trainer_state(dirs[-1]) if dirs else None
+    except NmtkitError:  # damaged: the table goes without these two numbers
+        trainer = None
+    if trainer is None:
         return {}
-    trainer = json.loads((dirs[-1] / "trainer.json").read_text())["trainer"]
-    return {"train_steps": trainer["step"], "train_minutes": round(trainer["train_seconds"] / 60, 1)}
+    return {"train_steps": trainer.step, "train_minutes": round(trainer.train_seconds / 60, 1)}
 
 
 def results_markdown(results: dict) -> str:

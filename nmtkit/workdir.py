@@ -8,6 +8,7 @@ reads or writes one asks these objects for the path instead of building it by ha
 
     RUN_DIR/config.yaml       the recipe the run was trained with
     RUN_DIR/metrics.jsonl     one JSON record per log line and validation
+    RUN_DIR/data.json         checksums and counts of the data the run trains on
     RUN_DIR/checkpoints/, best/, averaged/   model directories
 """
 from __future__ import annotations
@@ -27,6 +28,11 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def data_record(self) -> Path:
+        """What the run trains on (nmtkit.data.identity)."""
+        return self.path / "data.json"
 
     @property
     def workdir(self) -> "WorkDir":

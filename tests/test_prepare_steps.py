@@ -77,7 +77,9 @@ def run(recipe, *overrides):
 
 
 def snapshot(root):
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()}
+    """Modification times of every file but the lock (which records its latest holder's pid)."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def test_layout_counts_and_manifest(recipe, tmp_path):

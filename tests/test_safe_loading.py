@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -99,13 +100,21 @@ def trained(tmp_path_factory) -> Path:
 
 
 def plant(path: Path, data: bytes, checksum_in: Path | None = None, key: str = "") -> None:
-    """Replace ``path`` by ``data``; with ``checksum_in``, also forge the recorded sha256, as an
-    attacker who controls the whole directory would."""
+    """Replace ``path`` by ``data``; with ``checksum_in``, also forge the recorded sha256 there and
+    in the directory's checksums.json, as an attacker who controls the whole directory would."""
     path.write_bytes(data)
     if checksum_in is not None:
         meta = json.loads(checksum_in.read_text())
         meta[key] = hashlib.sha256(data).hexdigest()
         checksum_in.write_text(json.dumps(meta))
+        forge_manifest(path.parent)
+
+
+def forge_manifest(directory: Path) -> None:
+    """Rewrite ``directory``'s checksums.json so that it vouches for the files as they are now."""
+    from nmtkit.checksums import MANIFEST, write_manifest
+
+    write_manifest(directory, json.loads((directory / MANIFEST).read_text())["files"])
 
 
 MAKERS = {"pickle": malicious_pickle, "torch.save": malicious_torch_file}
@@ -171,6 +180,393 @@ def test_configs_and_vocabularies_that_are_pickles_are_refused(trained, tmp_path
     shutil.copytree(trained / "train" / "best", model)
     marker = tmp_path / "ran"
     (model / file_name).write_bytes(malicious_pickle(marker))
+    forge_manifest(model)
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(trained / "recipe.yaml"))
     assert code in (1, 2) and err.count("\n") == 1 and "Traceback" not in err and fragment in err
     assert not marker.exists()
+
+
+# --- every file nmtkit reads: truncated, flipped, another file type, a pickle ----------------------
+
+def mutate(path: Path, how: str, marker: Path) -> None:
+    """Damage ``path`` the way disks, copies and people do."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[:len(data) // 2])
+    elif how == "flipped":  # a few bytes in the middle, as a bad sector or a bit rot would
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 3]) + data[middle + 3:])
+    elif how == "another file type":  # binary where text is expected and the other way round
+        other = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) if data[:1] in (b"{", b"n", b"a", b"f") or path.suffix in (
+            ".json", ".yaml", ".src", ".tgt") else json.dumps({"model": {"d_model": 16}}).encode()
+        path.write_bytes(other)
+    elif how == "pickle":
+        path.write_bytes(malicious_pickle(marker))
+    else:
+        raise ValueError(how)
+
+
+MUTATIONS = ("truncated", "flipped", "another file type", "pickle")
+
+
+def without_manifest(directory: Path, meta_file: str = "config.json") -> None:
+    """Make ``directory`` look as an older nmtkit wrote it: no checksums.json, and no mention of one."""
+    (directory / "checksums.json").unlink()
+    meta = json.loads((directory / meta_file).read_text())
+    del meta["checksums"]
+    (directory / meta_file).write_text(json.dumps(meta))
+
+
+def assert_one_line(code: int, err: str, codes: tuple[int, ...], marker: Path) -> str:
+    assert "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith("nmtkit: error: "), err
+    assert code in codes, err
+    assert not marker.exists()
+    return err
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["config.json", "model.safetensors", "spm.model", "checksums.json"])
+def test_every_file_of_a_model_directory(trained, tmp_path, monkeypatch, capsys, file_name, how):
+    """A model directory: the damaged file is named in one line, before anything reads it."""
+    model = tmp_path / "model"
+    shutil.copytree(trained / "train" / "best", model)
+    marker = tmp_path / "ran"
+    mutate(model / file_name, how, marker)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(tmp_path / "in.txt"))
+    assert_one_line(code, err, (2,), marker)
+    assert str(model / file_name) in err
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["config.json", "model.safetensors", "spm.model"])
+def test_every_file_of_an_older_model_directory(trained, tmp_path, monkeypatch, capsys, file_name, how):
+    """A directory from before checksums.json still loads, and its damaged files are still caught
+    by the older checks (the weights' sha256, the config's rules, SentencePiece's parser): a
+    one-line error, or for a SentencePiece model whose flipped bytes still parse, a translation."""
+    model = tmp_path / "model"
+    shutil.copytree(trained / "train" / "best", model)
+    without_manifest(model)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    assert cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(tmp_path / "in.txt"))[0] == 0
+    marker = tmp_path / "ran"
+    mutate(model / file_name, how, marker)
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(tmp_path / "in.txt"))
+    if code == 0:
+        assert (file_name, how) == ("spm.model", "flipped") and not marker.exists()
+        return
+    assert_one_line(code, err, (1, 2), marker)
+
+
+def model_config(model: Path) -> dict:
+    return json.loads((model / "config.json").read_text())
+
+
+BAD_CONFIGS = [  # (change to the saved model config, fragment of the one-line error)
+    (lambda meta: meta["model"].pop("d_model"), "the config expects"),  # the default (512) does not fit the weights
+    (lambda meta: meta["model"].update(heads=0), "model.heads must be positive, got 0"),
+    (lambda meta: meta["model"].update(d_model=-16), "model.d_model must be positive, got -16"),
+    (lambda meta: meta["model"].update(d_model=17), "model.d_model (17) must be divisible by model.heads (2)"),
+    (lambda meta: meta["model"].update(dropout="x"), "model.dropout: expected a number, got 'x'"),
+    (lambda meta: meta["model"].update(depth=3), "unknown config key model.depth"),
+    (lambda meta: meta.pop("model"), "not an nmtkit model config"),
+    (lambda meta: meta.update(spm={"src": "../../etc/passwd", "tgt": "spm.model"}), "spm must name the src and tgt"),
+    (lambda meta: meta.update(spm="spm.model"), "spm must name the src and tgt"),
+]
+
+
+@pytest.mark.parametrize("change, fragment", BAD_CONFIGS)
+def test_a_model_config_is_held_to_the_recipe_rules(trained, tmp_path, monkeypatch, capsys, change, fragment):
+    """What a config.json means is checked on load as a recipe is, even when checksums.json vouches for it
+    (a hand-edited directory whose manifest was rewritten)."""
+    model = tmp_path / "model"
+    shutil.copytree(trained / "train" / "best", model)
+    meta = model_config(model)
+    change(meta)
+    (model / "config.json").write_text(json.dumps(meta))
+    forge_manifest(model)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(tmp_path / "in.txt"))
+    assert_one_line(code, err, (2,), tmp_path / "ran")
+    assert fragment in err
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"model": {}, "pad": "' + "x" * (2 << 20) + '"}'])
+def test_deep_or_huge_json_configs_are_one_line(trained, tmp_path, monkeypatch, capsys, text):
+    model = tmp_path / "model"
+    shutil.copytree(trained / "train" / "best", model)
+    (model / "config.json").write_text(text)
+    forge_manifest(model)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(tmp_path / "in.txt"))
+    assert_one_line(code, err, (2,), tmp_path / "ran")
+    assert f"{model / 'config.json'}: " in err
+
+
+def test_a_missing_manifest_is_noticed(trained, tmp_path, monkeypatch, capsys):
+    """Deleting checksums.json does not turn the checks off: config.json says there is one."""
+    model = tmp_path / "model"
+    shutil.copytree(trained / "train" / "best", model)
+    (model / "checksums.json").unlink()
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(trained / "recipe.yaml"))
+    assert_one_line(code, err, (2,), tmp_path / "ran")
+    assert f"{model / 'checksums.json'}: missing (config.json says the directory has one)" in err
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory) -> Path:
+    """A workdir whose run holds step_2 and step_4."""
+    from nmtkit.config import from_dict
+    from nmtkit.console import get_console
+    from nmtkit.training.trainer import train
+
+    workdir = tmp_path_factory.mktemp("two")
+    write_prepared(workdir, reversal_pairs(60, 0, length=4), reversal_pairs(4, 1, length=4))
+    recipe = tiny_recipe(workdir, model=dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1),
+                         train=dict(max_steps=4, save_every=2, validate_every=100, max_tokens=100, keep_last=5))
+    (workdir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    train(from_dict(recipe), get_console(-1))
+    return workdir
+
+
+def copy_work(source: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of a workdir and its recipe (pointing at the copy)."""
+    work = tmp_path / "work"
+    shutil.copytree(source, work)
+    recipe = work / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace(str(source), str(work)))
+    return work, recipe
+
+
+def resume_falls_back(monkeypatch, capsys, work: Path, recipe: Path, *fragments: str) -> None:
+    """``train`` skips the damaged step_4 with a warning naming it, resumes from step_2 and
+    writes a sound step_4 again."""
+    from nmtkit.training.checkpoint import load_checkpoint
+
+    code, err = cli(monkeypatch, capsys, "train", str(recipe))
+    assert code == 0 and "Traceback" not in err, err
+    text = " ".join(err.split())
+    assert "warning: skipping damaged checkpoint step_00000004: " in text, err
+    for fragment in fragments:
+        assert fragment in text, err
+    assert "resumed from step_00000002" in text
+    assert load_checkpoint(work / "train" / "checkpoints" / "step_00000004").trainer.step == 4
+
+
+CHECKPOINT_FILES = ["config.json", "model.safetensors", "spm.model", "trainer.json", "trainer.safetensors",
+                    "checksums.json"]
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", CHECKPOINT_FILES)
+def test_every_file_of_a_checkpoint(two_checkpoints, tmp_path, monkeypatch, capsys, file_name, how):
+    work, recipe = copy_work(two_checkpoints, tmp_path)
+    marker = tmp_path / "ran"
+    mutate(work / "train" / "checkpoints" / "step_00000004" / file_name, how, marker)
+    resume_falls_back(monkeypatch, capsys, work, recipe, file_name)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["trainer.json", "trainer.safetensors"])
+def test_trainer_files_of_an_older_checkpoint(two_checkpoints, tmp_path, monkeypatch, capsys, file_name, how):
+    """Without checksums.json, the trainer state's own checks catch the damage."""
+    work, recipe = copy_work(two_checkpoints, tmp_path)
+    step4 = work / "train" / "checkpoints" / "step_00000004"
+    without_manifest(step4)
+    marker = tmp_path / "ran"
+    mutate(step4 / file_name, how, marker)
+    if (file_name, how) == ("trainer.json", "flipped"):  # a flip inside a value may still parse: make it a key
+        (step4 / "trainer.json").write_text((step4 / "trainer.json").read_text(errors="replace")
+                                            .replace('"batch_in_epoch"', '"batch_in_epocl"'))
+    resume_falls_back(monkeypatch, capsys, work, recipe, file_name)
+    assert not marker.exists()
+
+
+def edit_trainer_json(step: Path, edit) -> None:
+    payload = json.loads((step / "trainer.json").read_text())
+    edit(payload)
+    (step / "trainer.json").write_text(json.dumps(payload))
+    forge_manifest(step)
+
+
+BAD_TRAINER_STATES = [  # (edit of trainer.json that checksums.json vouches for, fragment of the warning)
+    (lambda p: p["trainer"].update(batch_in_epoch=p["trainer"]["epoch_batches"] + 1), "past the end of its epoch"),
+    (lambda p: p["trainer"].update(step=-4), "step must be a non-negative integer, got -4"),
+    (lambda p: p["trainer"].update(step="4"), "step must be a non-negative integer, got '4'"),
+    (lambda p: p["trainer"].pop("batch_in_epoch"), "step, epoch and batch_in_epoch are required"),
+    (lambda p: p["trainer"].update(best_score=float("nan")), "best_score must be a number or null"),
+    (lambda p: p["trainer"].update(surprise=1), "unexpected keyword argument 'surprise'"),
+    (lambda p: p["optimizer"]["param_groups"][0].update(params=[0]), "does not match the model's parameters"),
+    (lambda p: p.pop("optimizer"), "unexpected trainer state (KeyError"),
+]
+
+
+@pytest.mark.parametrize("edit, fragment", BAD_TRAINER_STATES)
+def test_trainer_state_contents_are_checked(two_checkpoints, tmp_path, monkeypatch, capsys, edit, fragment):
+    """A trainer.json that parses but cannot be this run's state (a wrong data position, a negative
+    step, a foreign optimizer) is damaged: resume falls back to the previous checkpoint."""
+    work, recipe = copy_work(two_checkpoints, tmp_path)
+    edit_trainer_json(work / "train" / "checkpoints" / "step_00000004", edit)
+    resume_falls_back(monkeypatch, capsys, work, recipe, fragment)
+
+
+@pytest.mark.parametrize("tensor, replacement, fragment", [
+    ("rng.torch", lambda t: t[:100], "no valid random number generator state"),
+    ("opt.0.exp_avg", lambda t: torch.zeros(3, 3), "optimizer state 0.exp_avg has shape (3, 3)"),
+])
+def test_trainer_tensors_are_checked(two_checkpoints, tmp_path, monkeypatch, capsys, tensor, replacement, fragment):
+    from safetensors.torch import load_file, save_file
+
+    work, recipe = copy_work(two_checkpoints, tmp_path)
+    step4 = work / "train" / "checkpoints" / "step_00000004"
+    tensors = load_file(str(step4 / "trainer.safetensors"))
+    tensors[tensor] = replacement(tensors[tensor]).contiguous()
+    save_file(tensors, str(step4 / "trainer.safetensors"))
+    forge_manifest(step4)
+    resume_falls_back(monkeypatch, capsys, work, recipe, fragment)
+
+
+@pytest.fixture(scope="module")
+def prepared_by_prepare(tmp_path_factory) -> Path:
+    """A workdir prepared by ``nmtkit prepare`` itself (so prepared/ has its checksums.json)."""
+    from nmtkit.config import from_dict
+    from nmtkit.console import get_console
+    from nmtkit.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prep")
+    files: dict = {}
+    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
+                         ("test", reversal_pairs(6, 2, 5))):
+        for lang, side in (("src", 0), ("tgt", 1)):
+            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
+    workdir = root / "work"
+    recipe = tiny_recipe(workdir, data={"files": files},
+                         model=dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1),
+                         train=dict(max_steps=1, validate_every=100, max_tokens=100))
+    (workdir).mkdir()
+    (workdir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    prepare(from_dict(recipe), get_console(-1))
+    assert (workdir / "prepared" / "checksums.json").is_file()
+    return workdir
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["spm.model", "train.npz", "dev.npz", "dev.tgt", "checksums.json"])
+def test_every_file_of_a_prepared_directory(prepared_by_prepare, tmp_path, monkeypatch, capsys, file_name, how):
+    work, recipe = copy_work(prepared_by_prepare, tmp_path)
+    marker = tmp_path / "ran"
+    mutate(work / "prepared" / file_name, how, marker)
+    code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe))
+    assert_one_line(code, err, (2,), marker)
+    assert str(work / "prepared" / file_name) in err
+    assert not (work / "train" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["train.npz", "dev.npz"])
+def test_ids_of_an_older_prepared_directory(prepared_by_prepare, tmp_path, monkeypatch, capsys, file_name, how):
+    """Without checksums.json, the .npz layout checks catch the damage (or, for a flip inside
+    the ids, the vocabulary range check or nothing: flipped ids that stay in range are ids)."""
+    work, recipe = copy_work(prepared_by_prepare, tmp_path)
+    (work / "prepared" / "checksums.json").unlink()
+    marker = tmp_path / "ran"
+    mutate(work / "prepared" / file_name, how, marker)
+    code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe))
+    if code == 0:
+        assert how == "flipped"
+        return
+    assert_one_line(code, err, (2,), marker)
+    assert f"{work / 'prepared' / file_name}: corrupt prepared data" in err
+
+
+@pytest.mark.parametrize("arrays, fragment", [
+    (dict(src=[0, 1, 99], src_offsets=[0, 3], tgt=[5], tgt_offsets=[0, 1]),
+     "src token id 99 is outside the vocabulary of 16 pieces"),
+    (dict(src=[5], src_offsets=[0, 1], tgt=[-1], tgt_offsets=[0, 1]), "tgt token id -1 is outside the vocabulary"),
+    (dict(src=[5, 6], src_offsets=[0, 3], tgt=[5], tgt_offsets=[0, 1]), "src_offsets do not index the 2 src ids"),
+    (dict(src=[5, 6], src_offsets=[0, 2], tgt=[5], tgt_offsets=[0, 1, 1]), "1 source vs 2 target sentences"),
+    (dict(src=[0.5], src_offsets=[0, 1], tgt=[5], tgt_offsets=[0, 1]), "expected flat integer arrays"),
+    (dict(src=[5], src_offsets=[0, 1], tgt=[5]), "tgt_offsets"),
+])
+def test_prepared_ids_are_validated(prepared_by_prepare, tmp_path, monkeypatch, capsys, arrays, fragment):
+    work, recipe = copy_work(prepared_by_prepare, tmp_path)
+    path = work / "prepared" / "train.npz"
+    np.savez(path, **{name: np.array(values) for name, values in arrays.items()})
+    forge_manifest(work / "prepared")
+    code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe))
+    assert_one_line(code, err, (2,), tmp_path / "ran")
+    assert f"{path}: corrupt prepared data" in err and fragment in err
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    pytest.importorskip("ctranslate2")
+    from nmtkit.ctranslate2.export import export_ctranslate2
+
+    return export_ctranslate2(trained / "train" / "best", tmp_path_factory.mktemp("ct2") / "ct2")
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["model.bin", "config.json", "shared_vocabulary.json", "nmtkit.json",
+                                       "spm.model", "checksums.json"])
+def test_every_file_of_a_ctranslate2_export(exported, tmp_path, monkeypatch, capsys, file_name, how):
+    export = tmp_path / "ct2"
+    shutil.copytree(exported, export)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    args = ("translate", "-m", str(export), "--engine", "ctranslate2", "-i", str(tmp_path / "in.txt"))
+    assert cli(monkeypatch, capsys, *args)[0] == 0
+    marker = tmp_path / "ran"
+    mutate(export / file_name, how, marker)
+    code, err = cli(monkeypatch, capsys, *args)
+    assert_one_line(code, err, (2,), marker)
+    assert str(export / file_name) in err
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["model.bin", "config.json", "nmtkit.json"])
+def test_every_file_of_an_older_ctranslate2_export(exported, tmp_path, monkeypatch, capsys, file_name, how):
+    """Without checksums.json: a one-line error from our checks or CTranslate2's loader, or (for a
+    flip inside the weights, which no format check can see) a translation."""
+    export = tmp_path / "ct2"
+    shutil.copytree(exported, export)
+    without_manifest(export, "nmtkit.json")
+    marker = tmp_path / "ran"
+    mutate(export / file_name, how, marker)
+    (tmp_path / "in.txt").write_text("a b c\n")
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(export), "--engine", "ctranslate2",
+                    "-i", str(tmp_path / "in.txt"))
+    if code == 0:
+        assert (file_name, how) == ("model.bin", "flipped") and not marker.exists()
+        return
+    assert_one_line(code, err, (1, 2), marker)
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+@pytest.mark.parametrize("file_name", ["config.yaml", "manifest.json"])
+def test_info_leaves_out_what_is_damaged_beside_a_model(trained, tmp_path, monkeypatch, capsys, file_name, how):
+    """``info`` reads the run's config.yaml and the data's manifest.json beside the model: damaged,
+    they are left out of the card with a warning naming them; the card still prints."""
+    work = tmp_path / "work"
+    shutil.copytree(trained, work)
+    path = work / ("train" if file_name == "config.yaml" else "prepared") / file_name
+    if not path.exists():  # write_prepared makes no manifest (nor checksums.json): a small one as prepare's
+        path.write_text(json.dumps({"source": "files", "splits": {"train": {"pairs": 100}}}))
+    marker = tmp_path / "ran"
+    mutate(path, how, marker)
+    monkeypatch.setattr(sys, "argv", ["nmtkit", "info", str(work / "train" / "best"), "--json"])
+    from nmtkit.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    captured = capsys.readouterr()
+    assert (stopped.value.code or 0) == 0 and "Traceback" not in captured.err, captured.err
+    card = json.loads(captured.out)
+    assert card["architecture"]["arch"] == "transformer" and not marker.exists()
+    left_out = "recipe" if file_name == "config.yaml" else "data"
+    if left_out in card:  # a flip that still parses and passes the recipe rules is a readable file
+        assert how == "flipped"
+    else:
+        assert f"left out: {path}" in " ".join(captured.err.split()), captured.err

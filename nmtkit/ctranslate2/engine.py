@@ -21,7 +21,6 @@ Differences from the torch engine, by CTranslate2's design:
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
@@ -29,7 +28,9 @@ import torch
 from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
-from nmtkit.errors import ConfigError
+from nmtkit.checksums import MANIFEST, read_manifest, verify
+from nmtkit.errors import CheckpointError, ConfigError
+from nmtkit.modeldir import plain_name, read_json
 from nmtkit.specials import BOS, EOS, PAD
 
 COMPUTE_TYPES = {"auto": "default", "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
@@ -43,7 +44,20 @@ def read_export_meta(model_dir: str | Path) -> dict:
         hint = (f"run `nmtkit export {model_dir} --format ctranslate2 -o OUT` and translate with -m OUT"
                 if (model_dir / "model.safetensors").is_file() else f"{model_dir} has no {META}")
         raise ConfigError(f"engine ctranslate2 needs an exported model; see nmtkit export: {hint}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    manifest = read_manifest(model_dir, CheckpointError)
+    if manifest is not None:  # every file, CTranslate2's own included: we cannot know which it reads
+        verify(model_dir, sorted(manifest), CheckpointError, manifest)
+    meta = read_json(path, "CTranslate2 export description")
+    spm = meta.get("spm") if isinstance(meta, dict) else None
+    positions = meta.get("max_positions") if isinstance(meta, dict) else None
+    if not (isinstance(spm, dict) and all(isinstance(spm.get(side), str) and plain_name(spm[side])
+                                          for side in ("src", "tgt"))
+            and (positions is None or (isinstance(positions, int) and not isinstance(positions, bool)
+                                       and positions > 0))):
+        raise CheckpointError(f"{path}: not an nmtkit export description (spm names, max_positions)")
+    if manifest is None and meta.get("checksums"):
+        raise CheckpointError(f"{model_dir / MANIFEST}: missing ({META} says the export has one)")
+    return meta
 
 
 def ct2_device(name: str) -> tuple[str, int]:
@@ -70,9 +84,13 @@ class CT2Engine:
         if options.dtype not in COMPUTE_TYPES:
             raise ConfigError(f"--dtype {options.dtype} is not available with --engine ctranslate2")
         device, index = ct2_device(options.device)
-        self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
-                                          compute_type=COMPUTE_TYPES[options.dtype],
-                                          intra_threads=torch.get_num_threads())
+        try:
+            self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
+                                              compute_type=COMPUTE_TYPES[options.dtype],
+                                              intra_threads=torch.get_num_threads())
+        except (RuntimeError, ValueError, OSError) as err:  # a damaged model.bin, config or vocabulary
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({first})") from None
         self.options, self.max_positions = options, meta["max_positions"]
         self.device = torch.device("cpu")  # where Translator pads the source ids
         self.src_vocab = Vocab(model_dir / meta["spm"]["src"])

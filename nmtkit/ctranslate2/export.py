@@ -6,6 +6,7 @@ The weights go straight from our modules into CTranslate2's Python spec
     OUT/model.bin, OUT/config.json, OUT/shared_vocabulary.json   CTranslate2's own files
     OUT/spm*.model                                               our SentencePiece model(s)
     OUT/nmtkit.json                                              what our CTranslate2 engine needs
+    OUT/checksums.json                                           size and sha256 of all the above
 
 How our Transformer maps onto the spec:
 - post-norm (the paper) or pre-norm: the spec's ``pre_norm`` flag; pre-norm stacks end in
@@ -32,6 +33,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, replace_directory, temp_sibling
 from nmtkit.modeldir import load_model_dir
@@ -168,7 +170,7 @@ def export_dir_problem(path: Path) -> Optional[str]:
     if not (path / "model.bin").is_file():
         return "is an incomplete CTranslate2 export (no model.bin)"
     for entry in sorted(path.iterdir()):
-        if entry.name not in EXPORT_FILES | spm or entry.is_symlink() or not entry.is_file():
+        if entry.name not in EXPORT_FILES | spm | {MANIFEST} or entry.is_symlink() or not entry.is_file():
             return f"holds {entry.name}, which is not part of a CTranslate2 export"
     return None
 
@@ -199,9 +201,10 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
                 "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
                 "max_positions": loaded.model.max_positions, "heads": cfg.heads,  # None: no limit (RoPE)
-                "model": loaded.meta["model"],
+                "model": loaded.meta["model"], "checksums": MANIFEST,
                 **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang", "decode") if k in loaded.meta}}
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
+        write_manifest(tmp, [path.name for path in tmp.iterdir() if path.is_file()])
         replace_directory(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -11,6 +11,8 @@ Work-dir layout (training, translation and scoring rely on it):
       manifest.json                  source, provenance, line counts and sha256 per file,
                                      cleaning counts, vocab sizes, token counts
       train.prefilter.{src,tgt}      train after the text rules, before the length rules
+      checksums.json                 size and sha256 of every file above (nmtkit.checksums);
+                                     readers verify what they read against it
       stamps/{fetch,spm,encode}.json what each step was made from
 
 Each step runs only when what it depends on changed: ``fetch`` (read the source, write dev,
@@ -32,9 +34,11 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, load_config, save_config
 from nmtkit.data.clean import RULES, TextFilter, length_filter
 from nmtkit.data.encoder import Encoder
+from nmtkit.data.identity import changes, identity, read_record
 from nmtkit.data.sources import fingerprint, read_corpus
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.vocab import Vocab, spm_files, train_spm
@@ -63,7 +67,12 @@ def prepare(cfg: Config, console) -> dict:
         encoded, status["encode"] = _step(out, "encode", _encode_inputs(cfg, fetch, spm),
                                           lambda: _encode(cfg, out, fetch, console))
         manifest = _manifest(cfg, fetch, spm, encoded)
-        _write_if_changed(out / "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        rewritten = _write_if_changed(out / "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        if rewritten or "done" in status.values() or not (out / MANIFEST).is_file():
+            write_manifest(out, [p.name for p in out.iterdir()
+                                 if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST])
+        if "done" in (status["spm"], status["encode"]):
+            _warn_if_a_run_is_left_behind(cfg, out, console)
     _print_summary(console, manifest, status, out)
     return {**manifest, "steps": status, "prepared_dir": str(out)}
 
@@ -82,7 +91,8 @@ def _step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, lis
     if stamp and stamp.get("key") == key and all(
             _file_state(out / file) == state for file, state in stamp.get("outputs", {}).items()):
         return stamp["report"], "up to date"
-    stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete
+    stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete,
+    (out / MANIFEST).unlink(missing_ok=True)  # and no checksums (rewritten at the end)
     report, outputs = work()
     stamp = {"key": key, "inputs": inputs, "outputs": {file: _file_state(out / file) for file in outputs},
              "report": report}
@@ -106,6 +116,22 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def _warn_if_a_run_is_left_behind(cfg: Config, out: Path, console) -> None:
+    """Say so when the data just prepared is not what the run beside it trained on: its
+    checkpoints no longer fit, and `nmtkit train` will refuse to resume them."""
+    from nmtkit.data.ids import load_split
+
+    run_dir = WorkDir.of(cfg).run
+    recorded = read_record(run_dir.data_record, console.warn)
+    if recorded is None or not any((run_dir.path / "checkpoints").glob("step_*")):
+        return
+    current = identity({name: out / name for name in set(spm_files(cfg.vocab.joint))}, load_split(out / "train.npz"))
+    changed = changes(recorded, current)
+    if changed:
+        console.warn(f"the data changed under the run in {run_dir.path} ({'; '.join(changed)}): `nmtkit train` "
+                     f"will not resume it; `nmtkit train --restart` starts over (the old run is moved aside)")
+
+
 def _remove_leftovers(out: Path) -> None:
     """Temp files of a killed run (atomic writes, SentencePiece scratch dirs); we hold the lock."""
     for path in itertools.chain(out.glob(".*.tmp"), (out / "stamps").glob(".*.tmp")):
@@ -123,11 +149,12 @@ def _save_config(cfg: Config) -> None:
     save_config(cfg, path)
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    with contextlib.suppress(OSError):
+def _write_if_changed(path: Path, text: str) -> bool:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
         if path.read_text(encoding="utf-8") == text:
-            return
+            return False
     atomic_write_text(path, text)
+    return True
 
 
 # --- fetch: read the source, text rules, write dev/test/train.prefilter ------------------------

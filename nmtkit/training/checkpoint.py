@@ -10,6 +10,7 @@ previous good checkpoint (with a warning) when the newest is damaged.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -22,8 +23,9 @@ import torch
 from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, sha256_file
-from nmtkit.modeldir import (CONFIG, WEIGHTS, read_meta, read_weights, save_model_dir, state_dict_for_save,
-                             write_weights)
+from nmtkit.checksums import verify
+from nmtkit.modeldir import (check_weights, read_json, read_meta, read_model_weights, read_weights,
+                             save_model_dir, state_dict_for_save, write_weights)
 
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -36,6 +38,7 @@ class TrainerState:
     step: int = 0  # optimizer updates done
     epoch: int = 0  # current epoch (0-based)
     batch_in_epoch: int = 0  # batches of this epoch already consumed
+    epoch_batches: int = 0  # batches in this epoch (0: unknown, a checkpoint of an older nmtkit)
     best_score: Optional[float] = None
     best_step: int = 0
     bad_validations: int = 0
@@ -116,34 +119,96 @@ class LoadedCheckpoint:
 def load_checkpoint(path: Path) -> LoadedCheckpoint:
     """Read and verify one checkpoint directory (CheckpointError if anything is off)."""
     meta = read_meta(path)
+    if not (path / TRAINER_JSON).is_file():
+        raise CheckpointError(f"{path}: no {TRAINER_JSON} (a model directory, not a training checkpoint)")
+    checked = verify(path, [TRAINER_JSON, TRAINER_TENSORS], CheckpointError)
+    payload = read_json(path / TRAINER_JSON, "trainer state")
+    model_weights = read_model_weights(path, meta)
+    sha256 = payload.get("sha256") if isinstance(payload, dict) and not checked else None
+    tensors = read_weights(path / TRAINER_TENSORS, sha256)
     try:
-        payload = json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no {TRAINER_JSON} (a model directory, not a training checkpoint)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path / TRAINER_JSON}: corrupt ({err})") from None
-    model_weights = read_weights(path / WEIGHTS, meta.get("weights_sha256"))
-    tensors = read_weights(path / TRAINER_TENSORS, payload.get("sha256"))
-    try:
-        # "extra": an always-empty field that checkpoints written before 2026-11 carry
-        trainer = TrainerState(**{k: v for k, v in payload["trainer"].items() if k != "extra"})
-    except (TypeError, KeyError, AttributeError) as err:
-        raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({err})") from None
-    if payload.get("ema"):
+        trainer = trainer_state(payload["trainer"])
+        optimizer = _unflatten_optimizer(tensors, payload["optimizer"])
+        ema_saved = payload["ema"]
+    except (TypeError, KeyError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({type(err).__name__}: {err})") from None
+    if ema_saved:
         raw = {k[4:]: v for k, v in tensors.items() if k.startswith("raw.")}
         ema = model_weights
     else:
         raw, ema = model_weights, None
     rng = {k[4:]: v for k, v in tensors.items() if k.startswith("rng.")}
-    optimizer = _unflatten_optimizer(tensors, payload["optimizer"])
+    if "torch" not in rng or rng["torch"].dtype != torch.uint8 or rng["torch"].shape != torch.get_rng_state().shape:
+        raise CheckpointError(f"{path / TRAINER_TENSORS}: no valid random number generator state")
     return LoadedCheckpoint(path, raw, ema, optimizer, rng, trainer, meta)
 
 
-def latest_checkpoint(run_dir: Path, warn=None) -> Optional[LoadedCheckpoint]:
-    """The newest readable checkpoint; damaged newer ones are reported through ``warn``."""
+def read_trainer_state(path: Path) -> TrainerState:
+    """Only the trainer state of checkpoint ``path`` (verified and checked; no tensors read)."""
+    verify(path, [TRAINER_JSON], CheckpointError)
+    try:
+        return trainer_state(read_json(path / TRAINER_JSON, "trainer state")["trainer"])
+    except (TypeError, KeyError, ValueError) as err:
+        raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({type(err).__name__}: {err})") from None
+
+
+_COUNTERS = ("step", "epoch", "batch_in_epoch", "epoch_batches", "best_step", "bad_validations", "skipped_steps")
+
+
+def trainer_state(raw: dict) -> TrainerState:
+    """``TrainerState`` from trainer.json, every value checked: a wrong data position or step
+    would resume silently at the wrong place (ValueError/TypeError when anything is off)."""
+    if not isinstance(raw, dict) or not {"step", "epoch", "batch_in_epoch"} <= set(raw):
+        raise ValueError("step, epoch and batch_in_epoch are required")
+    # "extra": an always-empty field that checkpoints written before 2026-11 carry
+    state = TrainerState(**{key: value for key, value in raw.items() if key != "extra"})
+    for name in _COUNTERS:
+        value = getattr(state, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if state.epoch_batches and state.batch_in_epoch > state.epoch_batches:
+        raise ValueError(f"batch_in_epoch {state.batch_in_epoch} is past the end of its epoch "
+                         f"({state.epoch_batches} batches)")
+    if not _finite_number(state.train_seconds) or state.train_seconds < 0:
+        raise ValueError(f"train_seconds must be a non-negative number, got {state.train_seconds!r}")
+    if state.best_score is not None and not _finite_number(state.best_score):
+        raise ValueError(f"best_score must be a number or null, got {state.best_score!r}")
+    return state
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_fits(ck: LoadedCheckpoint, model, optimizer) -> None:
+    """A CheckpointError when ``ck``'s tensors cannot be the state of ``model`` and ``optimizer``,
+    so that resume falls back to an older checkpoint instead of failing (or silently going
+    wrong) at the first step."""
+    check_weights(model, ck.weights, ck.path)
+    if ck.ema is not None:
+        check_weights(model, ck.ema, ck.path)
+    params = list(model.parameters())
+    saved_groups, our_groups = ck.optimizer["param_groups"], optimizer.state_dict()["param_groups"]
+    if [group.get("params") for group in saved_groups] != [group["params"] for group in our_groups]:
+        raise CheckpointError(f"{ck.path}: the optimizer state does not match the model's parameters")
+    for index, state in ck.optimizer["state"].items():
+        for key, value in state.items():
+            expected = () if key == "step" else tuple(params[index].shape) if index < len(params) else None
+            if isinstance(value, torch.Tensor) and tuple(value.shape) != expected:
+                raise CheckpointError(f"{ck.path}: optimizer state {index}.{key} has shape {tuple(value.shape)}, "
+                                      f"the model expects {expected}")
+
+
+def latest_checkpoint(run_dir: Path, warn=None,
+                      check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
+    """The newest readable checkpoint that passes ``check`` (which raises CheckpointError for
+    one that cannot continue this run); damaged newer ones are reported through ``warn``."""
     for path in reversed(checkpoint_dirs(run_dir)):
         try:
-            return load_checkpoint(path)
+            loaded = load_checkpoint(path)
+            if check is not None:
+                check(loaded)
+            return loaded
         except NmtkitError as err:
             if warn is not None:
                 warn(f"skipping damaged checkpoint {path.name}: {err}")
@@ -210,7 +275,7 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     chosen = dirs[-last:]
     total: dict[str, torch.Tensor] = {}
     for path in chosen:
-        weights = read_weights(path / WEIGHTS, read_meta(path).get("weights_sha256"))
+        weights = read_model_weights(path, read_meta(path))
         for name, tensor in weights.items():
             acc = total.setdefault(name, torch.zeros_like(tensor, dtype=torch.float64))
             acc += tensor.double()

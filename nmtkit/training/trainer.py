@@ -21,19 +21,20 @@ import torch
 from nmtkit.compiler import maybe_compile
 from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
-from nmtkit.data.ids import load_split
+from nmtkit.data.identity import changes, identity, read_record, write_record
+from nmtkit.data.ids import load_split, prepared_file
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.device import autocast, resolve_device, resolve_dtype
 from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
-from nmtkit.files import read_lines
+from nmtkit.files import exclusive, read_lines
 from nmtkit.modeldir import load_weights, save_model_dir, unique_state
 from nmtkit.models.build import build_model
 from nmtkit.runlog import MetricsLog, check_resume_settings, summary_writer_class
 from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
-from nmtkit.training.checkpoint import (TrainerState, checkpoint_dirs, latest_checkpoint, prune_checkpoints,
-                                        save_checkpoint, tidy_run_dir)
+from nmtkit.training.checkpoint import (TrainerState, check_fits, checkpoint_dirs, latest_checkpoint,
+                                        prune_checkpoints, save_checkpoint, tidy_run_dir)
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.optim import make_optimizer
 from nmtkit.training.precision import LossScaler
@@ -82,6 +83,7 @@ def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
     src_path, tgt_path = prepared / src_name, prepared / tgt_name
     if not src_path.is_file():
         raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
+    src_path, tgt_path = prepared_file(src_path), prepared_file(tgt_path)
     return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
 
 
@@ -110,12 +112,23 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
     run_dir = WorkDir.of(cfg).run.path
-    if restart and dist.is_main() and run_dir.exists():
-        backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(run_dir, backup)
-        console.warn(f"--restart: moved the previous run to {backup}")
-    dist.barrier()
-    return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir).run()
+    with _holding(run_dir):
+        if restart and dist.is_main() and run_dir.exists():
+            backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(run_dir, backup)
+            console.warn(f"--restart: moved the previous run to {backup}")
+        dist.barrier()
+        return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir).run()
+
+
+def _holding(run_dir: Path):
+    """The run's lock (rank 0 takes it for all ranks): a second ``nmtkit train`` on the same
+    run would delete the first one's temp files and interleave its metrics. The lock is the
+    work directory's, beside the run, so ``--restart`` moving the run aside keeps it held."""
+    if not dist.is_main():
+        return contextlib.nullcontext()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return exclusive(run_dir.parent, "another `nmtkit train`")
 
 
 class Trainer:
@@ -124,10 +137,11 @@ class Trainer:
         self.src_path, self.tgt_path, self.run_dir = src_path, tgt_path, run_dir
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         work = WorkDir.of(cfg)
-        self.train_data = load_split(work.ids("train"))
-        self.dev = load_split(work.ids("dev"))
+        sizes = (len(src_vocab), len(tgt_vocab))
+        self.train_data = load_split(prepared_file(work.ids("train")), sizes)
+        self.dev = load_split(prepared_file(work.ids("dev")), sizes)
         texts = work.text("dev", cfg.data.src_lang), work.text("dev", cfg.data.tgt_lang)
-        self.dev_sources, self.dev_refs = (read_lines(p) if p.is_file() else [] for p in texts)
+        self.dev_sources, self.dev_refs = (read_lines(prepared_file(p)) if p.is_file() else [] for p in texts)
         if len(self.train_data) == 0:
             raise DataError(f"{work.ids('train')} holds no sentence pairs")
         # sentence lengths, computed once: every update needs its batches' target tokens
@@ -166,17 +180,21 @@ class Trainer:
         if dist.is_main():
             tidy_run_dir(self.run_dir)
         dist.barrier()
-        ck = latest_checkpoint(self.run_dir, warn=self.console.warn)
+        ck = latest_checkpoint(self.run_dir, warn=self.console.warn,
+                               check=lambda ck: check_fits(ck, self.model, self.optimizer))
         if ck is None and checkpoint_dirs(self.run_dir):
             raise CheckpointError(f"no readable checkpoint in {self.run_dir / 'checkpoints'} (see the warnings); "
                                   f"move the damaged ones away, or use --restart to start over")
         if ck is None:
             if dist.is_main():
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                self._check_data(resuming=False)
                 save_config(self.cfg, RunDir(self.run_dir).config)
                 self.metrics.start_over()
             self._init_ema()
             return
+        if dist.is_main():
+            self._check_data(resuming=True)
         check_resume_settings(self.cfg, self.run_dir, self.console)
         load_weights(self.model, {k: v.to(self.device) for k, v in ck.weights.items()}, ck.path)
         self.optimizer.load_state_dict(ck.optimizer)
@@ -192,6 +210,19 @@ class Trainer:
             save_config(self.cfg, RunDir(self.run_dir).config)
             self.metrics.truncate_after(self.state.step)
         self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
+
+    def _check_data(self, resuming: bool) -> None:
+        """Refuse to resume on other data than the run started on; record it for a new run
+        (and for a run of an older nmtkit, which recorded nothing to compare with)."""
+        current = identity({path.name: path for path in (self.src_path, self.tgt_path)}, self.train_data)
+        recorded = read_record(RunDir(self.run_dir).data_record, self.console.warn) if resuming else None
+        changed = changes(recorded, current) if recorded is not None else []
+        if changed:
+            raise DataError(f"the prepared data changed since the run in {self.run_dir} started "
+                            f"({'; '.join(changed)}): its checkpoints do not fit it; "
+                            f"use --restart to start over (the old run is moved aside, not deleted)")
+        if recorded != current:
+            write_record(RunDir(self.run_dir).data_record, current)
 
     def _init_ema(self) -> None:
         if self.cfg.train.ema_decay > 0:
@@ -210,8 +241,8 @@ class Trainer:
 
     # -- loop -----------------------------------------------------------------------------------
     def _updates(self):
-        """Yield (epoch, index of last batch used, (the epoch's ids, their target lengths), micro-batches
-        of one update) forever."""
+        """Yield (epoch, its batches, index of last batch used, (the epoch's ids, their target lengths),
+        micro-batches of one update) forever."""
         t = self.cfg.train
         per_update = dist.local_update_freq(t) * dist.world_size()
         epoch, skip = self.state.epoch, self.state.batch_in_epoch
@@ -226,7 +257,7 @@ class Trainer:
                 raise ConfigError(f"an update takes {per_update} batches but an epoch has only {len(batches)}; "
                                   f"lower train.max_tokens or the batches per update")
             for start in range(skip, len(batches) - per_update + 1, per_update):
-                yield epoch, start + per_update, (data, tgt_lengths), batches[start:start + per_update]
+                yield epoch, len(batches), start + per_update, (data, tgt_lengths), batches[start:start + per_update]
             epoch, skip = epoch + 1, 0
             if t.max_epochs and epoch >= t.max_epochs:
                 return
@@ -339,9 +370,9 @@ class Trainer:
         reason = ""
         bad_in_a_row = 0
         with TrainProgress(self.console, t.max_steps, self.state.step, enabled=dist.is_main()) as progress:
-            for epoch, next_batch, epoch_data, group in self._updates():
+            for epoch, epoch_batches, next_batch, epoch_data, group in self._updates():
                 loss, nll, ntokens = self._step(epoch_data, group)
-                self.state.epoch, self.state.batch_in_epoch = epoch, next_batch
+                self.state.epoch, self.state.epoch_batches, self.state.batch_in_epoch = epoch, epoch_batches, next_batch
                 if loss is None:
                     self.state.skipped_steps += 1
                     if self.loss_scaler.searching():  # fp16: the scaler's normal search, not divergence

@@ -1,0 +1,61 @@
+"""What a training run trains on, recorded in RUN_DIR/data.json (``RunDir.data_record``) when it starts.
+
+Checkpoints hold a position in the training ids and weights whose vocabulary ids mean
+particular pieces: resumed on re-prepared data, a run would go on with another vocabulary
+at a meaningless data position (its loss jumps, and nothing else says why). So a run
+records the SentencePiece models' and the encoded training ids' checksums and counts;
+``train`` refuses to resume when they changed and ``prepare`` warns when it changes them
+under a run. This module is that record's one reader and writer.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+from nmtkit.data.ids import ParallelIds
+from nmtkit.files import atomic_write_text, sha256_file
+
+
+def identity(spm_models: dict[str, Path], train: ParallelIds) -> dict:
+    """Checksums of the SentencePiece model(s) and of the training ids, with their counts."""
+    return {"spm": {name: sha256_file(path) for name, path in sorted(spm_models.items())},
+            "train": {"sha256": train.digest(), "pairs": len(train), "src_tokens": int(len(train.src)),
+                      "tgt_tokens": int(len(train.tgt))}}
+
+
+def changes(old: dict, new: dict) -> list[str]:
+    """What differs between two identities, in words (empty when the data is the same)."""
+    out = []
+    old_spm, new_spm = old.get("spm", {}), new["spm"]
+    for name in sorted(set(old_spm) | set(new_spm)):
+        if old_spm.get(name) != new_spm.get(name):
+            state = "is new" if name not in old_spm else "is gone" if name not in new_spm else "was retrained"
+            out.append(f"SentencePiece model {name} {state}")
+    old_train, new_train = old.get("train", {}), new["train"]
+    counts = [f"{key.replace('_', ' ')} {old_train.get(key)} -> {new_train[key]}"
+              for key in ("pairs", "src_tokens", "tgt_tokens") if old_train.get(key) != new_train[key]]
+    if counts:
+        out.append(f"train.npz has other counts ({', '.join(counts)})")
+    elif old_train.get("sha256") != new_train["sha256"]:
+        out.append("train.npz holds other token ids (same counts)")
+    return out
+
+
+def read_record(path: Path, warn: Callable[[str], None] = lambda message: None) -> Optional[dict]:
+    """The identity a run recorded at ``path``, or None when it has none (a run of an older
+    nmtkit) or when it is damaged (said through ``warn``: there is nothing to compare with then)."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("spm"), dict) and isinstance(record.get("train"), dict):
+        return record
+    warn(f"{path} is damaged: the prepared data is not compared with what the run started on")
+    return None
+
+
+def write_record(path: Path, ident: dict) -> None:
+    atomic_write_text(path, json.dumps(ident, indent=1) + "\n")
