@@ -243,7 +243,7 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
     for _ in range(2):  # a model directory that average wrote may be replaced
         result = run_cli("average", str(run), "-o", str(averaged))
         assert result.returncode == 0, result.stderr.decode()
-    assert sorted(p.name for p in averaged.iterdir()) == ["config.json", "model.safetensors", "spm.model"]
+    assert sorted(p.name for p in averaged.iterdir()) == ["checksums.json", "config.json", "model.safetensors", "spm.model"]
 
 
 # --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------
