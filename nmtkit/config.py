@@ -429,7 +429,7 @@ def model_config_from_dict(values: dict, joint_vocab: bool) -> ModelConfig:
     """The ``model`` section of a saved model directory, type-checked with unknown keys rejected
     and held to the rules of a recipe's model section (heads=0 or d_model<0 are errors there too)."""
     model = _build(ModelConfig, values, "model.")
-    validate(Config(model=model, vocab=VocabConfig(joint=joint_vocab)))
+    validate(Config(model=model, vocab=VocabConfig(joint=joint_vocab), data=DataConfig(source="files")))
     return model
 
 

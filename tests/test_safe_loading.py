@@ -265,8 +265,8 @@ def model_config(model: Path) -> dict:
 
 BAD_CONFIGS = [  # (change to the saved model config, fragment of the one-line error)
     (lambda meta: meta["model"].pop("d_model"), "the config expects"),  # the default (512) does not fit the weights
-    (lambda meta: meta["model"].update(heads=0), "model.heads must be positive, got 0"),
-    (lambda meta: meta["model"].update(d_model=-16), "model.d_model must be positive, got -16"),
+    (lambda meta: meta["model"].update(heads=0), "model.heads must be in [1, 1024], got 0"),
+    (lambda meta: meta["model"].update(d_model=-16), "model.d_model must be in [1, 65536], got -16"),
     (lambda meta: meta["model"].update(d_model=17), "model.d_model (17) must be divisible by model.heads (2)"),
     (lambda meta: meta["model"].update(dropout="x"), "model.dropout: expected a number, got 'x'"),
     (lambda meta: meta["model"].update(depth=3), "unknown config key model.depth"),
