@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -159,6 +160,17 @@ def shown_path(path: str | Path, key: str) -> str:
     if path.is_absolute():
         return f"{absolute} ({key})"
     return f"{absolute} ({key} = {str(path)!r}, relative to the current directory {os.getcwd()})"
+
+
+def read_json_dict(path: str | Path) -> dict | None:
+    """A small JSON record nmtkit wrote (a stamp, a record, a saved config), or None when it
+    is missing, unreadable, damaged, nested past the parser's depth, or not an object: the
+    callers treat all of these as "no record"."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

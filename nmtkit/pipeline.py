@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from nmtkit.config import Config
-from nmtkit.files import atomic_write_text, read_lines
+from nmtkit.files import atomic_write_text, read_json_dict, read_lines
 from nmtkit.workdir import WorkDir
 
 
@@ -74,11 +74,7 @@ def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_di
 
 def _read_stamp(path: Path) -> dict:
     """What a translation was made from and how long it took ({} when missing or from an older version)."""
-    try:
-        stamp = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return stamp if isinstance(stamp, dict) else {}
+    return read_json_dict(path) or {}
 
 
 def run_recipe(cfg: Config, console) -> dict:

@@ -8,7 +8,6 @@ stdout receives translations only.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Optional, Sequence
@@ -17,7 +16,7 @@ from nmtkit.compiler import compile_decoder
 from nmtkit.config import DecodeConfig
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import check_readable, decode_line
+from nmtkit.files import check_readable, decode_line, read_json_dict
 from nmtkit.modeldir import CONFIG, saved_decode
 from nmtkit.outputs import check_output_file, is_stream, open_output
 
@@ -47,11 +46,8 @@ def saved_decode_settings(model_dir: str | Path) -> DecodeConfig:
 
     for name in (CONFIG, META):
         path = Path(model_dir) / name
-        try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(meta, dict) and "decode" in meta:
+        meta = read_json_dict(path)
+        if meta is not None and "decode" in meta:
             return saved_decode(meta, path)
     return DecodeConfig()
 

@@ -292,7 +292,8 @@ def test_a_model_config_is_held_to_the_recipe_rules(trained, tmp_path, monkeypat
     assert fragment in err
 
 
-@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"model": {}, "pad": "' + "x" * (2 << 20) + '"}'])
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"model": {}, "pad": "' + "x" * (2 << 20) + '"}'],
+                         ids=["deep", "huge"])
 def test_deep_or_huge_json_configs_are_one_line(trained, tmp_path, monkeypatch, capsys, text):
     model = tmp_path / "model"
     shutil.copytree(trained / "train" / "best", model)

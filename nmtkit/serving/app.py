@@ -105,11 +105,12 @@ def card_text(card: dict[str, Any]) -> str:
 def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: float) -> dict[str, Any]:
     """The model card plus how this server runs it (engine, limits, decode defaults)."""
     from nmtkit.card import model_card
+    from nmtkit.translation import resolve_engine
 
     card = model_card(model_dirs[0])
     defaults = {f: getattr(options, f) for f in ("beam_size", "nbest", "lenpen", "max_len_a", "max_len_b",
                                                  "min_len", "scores", "alignments")}
-    card["serving"] = {"engine": options.engine, "models": [str(m) for m in model_dirs], "device": options.device,
+    card["serving"] = {"engine": resolve_engine(model_dirs, options.engine), "models": [str(m) for m in model_dirs], "device": options.device,
                        "dtype": options.dtype, "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
                        "limits": dataclasses.asdict(limits), "defaults": defaults}
     return card
@@ -147,7 +148,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
         sock.listen(2048)  # from here connections wait in the backlog until uvicorn accepts them
         app = create_app(Batcher(engine, options, window_ms / 1000, options.batch_tokens), card, limits)
         config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on")
-        console.info(f"serving {model_dirs[0]} ({options.engine}) on http://{host}:{sock.getsockname()[1]} "
+        console.info(f"serving {model_dirs[0]} ({card['serving']['engine']}) on http://{host}:{sock.getsockname()[1]} "
                      "(SIGTERM or Ctrl-C: finish requests in flight, then stop)", soft_wrap=True)
         run_until_stopped(uvicorn.Server(config), sock)
     finally:

@@ -143,7 +143,9 @@ class Batcher:
 
 def answer(translator: Translator, sources: list[list[int]], hypotheses: list[list[Hypothesis]]) -> dict[str, Any]:
     """The response body: best translations, plus scores, alignments and n-best lists when
-    the translator's options ask for them."""
+    the translator's options ask for them. An n-best list holds only the hypotheses the
+    search found (an empty source has one), never the -inf padding rows that keep the
+    text format at N lines per input: a JSON list carries its own length."""
     options, text = translator.options, translator.text
     out: dict[str, Any] = {"translations": [text(hyps[0]) for hyps in hypotheses]}
     if options.scores:

@@ -3,20 +3,16 @@ digest, peak RSS). Read by the runner (what to skip) and the results table, writ
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from nmtkit.files import read_json_dict
 from nmtkit.sweep.spec import Sweep, Variant
 
 RECORD = "sweep-run.json"
 
 
 def read_record(variant_dir: Path) -> dict:
-    try:
-        record = json.loads((variant_dir / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    return read_json_dict(variant_dir / RECORD) or {}
 
 
 def variant_status(sweep: Sweep, variant: Variant) -> str:

@@ -180,6 +180,8 @@ class Trainer:
         if dist.is_main():
             tidy_run_dir(self.run_dir)
         dist.barrier()
+        if checkpoint_dirs(self.run_dir):  # a changed model is a settings error, not a damaged checkpoint
+            check_resume_settings(self.cfg, self.run_dir, self.console)
         ck = latest_checkpoint(self.run_dir, warn=self.console.warn,
                                check=lambda ck: check_fits(ck, self.model, self.optimizer))
         if ck is None and checkpoint_dirs(self.run_dir):
@@ -195,7 +197,6 @@ class Trainer:
             return
         if dist.is_main():
             self._check_data(resuming=True)
-        check_resume_settings(self.cfg, self.run_dir, self.console)
         load_weights(self.model, {k: v.to(self.device) for k, v in ck.weights.items()}, ck.path)
         self.optimizer.load_state_dict(ck.optimizer)
         torch.set_rng_state(ck.rng["torch"])
