@@ -270,12 +270,15 @@ def average(
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
                                          help="Model directory to write (default: RUN_DIR/averaged); an existing "
                                               "directory is replaced only if it is a complete model directory."),
+    upto: Optional[int] = typer.Option(None, "--upto", min=1, show_default=False,
+                                       help="Only checkpoints up to this step: the model a run of that many updates "
+                                            "ended with (a learning curve from one long run)."),
 ) -> None:
     """Average the weights of the last N checkpoints into a model directory."""
     from nmtkit.training.checkpoint import average_checkpoints
 
     console = _console()
-    console.info(f"wrote {average_checkpoints(run_dir, last, output, warn=console.warn)}")
+    console.info(f"wrote {average_checkpoints(run_dir, last, output, warn=console.warn, upto=upto)}")
 
 
 @app.command(cls=_Command)

@@ -182,6 +182,13 @@ def test_average_of_checkpoints(prepared_task, tmp_path):
     one, two = (load_model_dir(d).model.state_dict() for d in dirs)
     name = "encoder.0.ffn.fc_in.weight"
     torch.testing.assert_close(avg[name], (one[name] + two[name]) / 2)
+    early = load_model_dir(average_checkpoints(tmp_path / "train", 2, tmp_path / "upto", upto=25)).model.state_dict()
+    first, second = (load_model_dir(d).model.state_dict() for d in checkpoint_dirs(tmp_path / "train")[:2])
+    torch.testing.assert_close(early[name], (first[name] + second[name]) / 2)  # steps 10 and 20
+    from nmtkit.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="--upto 5: the first checkpoint"):
+        average_checkpoints(tmp_path / "train", 2, tmp_path / "none", upto=5)
 
 
 def test_dry_run_and_unknown_key_via_cli(prepared_task, tmp_path):

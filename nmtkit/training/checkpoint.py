@@ -47,6 +47,11 @@ class TrainerState:
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
 
 
+def checkpoint_step(path: Path) -> int:
+    """The update count of a checkpoint directory (its name, step_N)."""
+    return int(STEP_DIR.match(path.name).group(1))
+
+
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     """Complete-looking checkpoint directories, oldest first."""
     root = Path(run_dir) / "checkpoints"
@@ -250,10 +255,12 @@ def tidy_run_dir(run_dir: Path) -> None:
 
 
 def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output: Optional[str | Path] = None,
-                        warn: Optional[Callable[[str], None]] = None) -> Path:
+                        warn: Optional[Callable[[str], None]] = None, upto: Optional[int] = None) -> Path:
     """Average the weights of the newest ``last`` checkpoints into a model directory (by default
     as many as the run's ``train.average_last``, saved with each checkpoint); with fewer
-    checkpoints than ``last``, all of them, said through ``warn``."""
+    checkpoints than ``last``, all of them, said through ``warn``. ``upto`` ignores checkpoints
+    after that step, so one long run gives the model a shorter run would have ended with
+    (a learning curve without retraining; exact for schedules that do not depend on max_steps)."""
     from nmtkit.modeldir import load_model_dir, model_dir_problem
     from nmtkit.outputs import check_output_dir
 
@@ -266,6 +273,11 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run_dir}: no checkpoints to average (expected {run_dir}/checkpoints/step_*)")
+    if upto is not None:
+        steps = [checkpoint_step(d) for d in dirs]
+        dirs = [d for d, step in zip(dirs, steps) if step <= upto]
+        if not dirs:
+            raise CheckpointError(f"--upto {upto}: the first checkpoint of {run_dir} is step {steps[0]}")
     if last is None:
         saved = read_meta(dirs[-1]).get("average_last", TrainConfig().average_last)
         last = max(saved, 1) if isinstance(saved, int) and not isinstance(saved, bool) else TrainConfig().average_last
