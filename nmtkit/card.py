@@ -165,6 +165,8 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
                        "joint": spm["src"] == spm["tgt"]},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
         "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
+        # a fine-tuned model: the model directory its training started from (training/init_from.py)
+        **({"init_from": meta["init_from"]} if isinstance(meta.get("init_from"), dict) else {}),
         # what `translate -m` uses unless flags say otherwise; "defaults" for a model saved without them
         "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": "recipe" if "decode" in meta else "defaults"},
         "nmtkit_version": meta.get("nmtkit_version"),
@@ -223,6 +225,9 @@ def print_card(card: dict, file=None) -> None:
                   f"{decode['max_len_a']} x source + {decode['max_len_b']}, min {decode['min_len']}, "
                   f"{decode['batch_tokens']} tokens a batch (from the {decode['from']})")
     table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
+    init = card.get("init_from")
+    if init:
+        table.add_row("started from", f"{init.get('path')} (step {_text(init.get('step'))}; fine-tuned)")
     export = card.get("export")
     if export:
         table.add_row("export", f"{export['format']} {export['ctranslate2_version']}, {export['quantization']} "

@@ -60,6 +60,9 @@ class VocabConfig:
     character_coverage: float = 1.0
     input_sentence_size: int = 2_000_000  # sample cap for SentencePiece training
     workers: int = 0  # encoding processes (0: one per CPU core)
+    # reuse the SentencePiece model(s) of a model directory or a prepared directory instead of
+    # training new ones (fine-tuning); type, size and joint must describe them (recipe key: vocab.from)
+    from_: str = ""
 
 
 @dataclass
@@ -165,6 +168,9 @@ class TrainConfig:
     max_bad_steps: int = 5  # consecutive NaN/inf steps before giving up
     average_last: int = 5  # checkpoints averaged by `nmtkit run` (0/1: none)
     tensorboard: bool = False  # also write metrics as TensorBoard scalars to RUN_DIR/tensorboard (needs tensorboard)
+    # fine-tuning: start from this model directory's weights (same architecture and vocabulary) with a
+    # fresh optimizer, schedule and step counter; a resumed run continues from its own checkpoints
+    init_from: str = ""
 
 
 @dataclass
@@ -195,7 +201,22 @@ class Config:
         return Path(self.workdir or f"data/{self.name}")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as a plain tree under its recipe keys (``vocab.from``, not ``from_``)."""
+        return _recipe_keys(dataclasses.asdict(self))
+
+
+def recipe_key(field_name: str) -> str:
+    """The recipe key of a config field: a Python keyword is spelt with a trailing underscore
+    in the dataclass (``VocabConfig.from_`` is ``vocab.from``)."""
+    return field_name[:-1] if field_name.endswith("_") else field_name
+
+
+def _recipe_keys(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {recipe_key(key): _recipe_keys(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_recipe_keys(value) for value in tree]
+    return tree
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -264,8 +285,8 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {values!r}")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
+    fields = {recipe_key(f.name): f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields), key=str)
     if unknown:
         raise ConfigError(
             f"unknown config key {prefix}{unknown[0]!s}; valid keys under "
@@ -273,11 +294,12 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
         )
     kwargs = {}
     for name, value in values.items():
-        hint = hints[name]
+        field_name = fields[name]
+        hint = hints[field_name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value or {}, f"{prefix}{name}.")
+            kwargs[field_name] = _build(hint, value or {}, f"{prefix}{name}.")
         else:
-            kwargs[name] = _coerce(value, hint, f"{prefix}{name}")
+            kwargs[field_name] = _coerce(value, hint, f"{prefix}{name}")
     return cls(**kwargs)
 
 
@@ -374,6 +396,15 @@ def _check_source(data: DataConfig) -> None:
                 raise ConfigError(f"data.{key} belongs to data.source={owner}, but data.source is {data.source}")
 
 
+def _check_reused_vocab(vocab: VocabConfig) -> None:
+    """With vocab.from no SentencePiece model is trained: its training-only settings would be ignored."""
+    defaults = VocabConfig()
+    for key in ("character_coverage", "input_sentence_size"):
+        if vocab.from_ and getattr(vocab, key) != getattr(defaults, key):
+            raise ConfigError(f"vocab.{key} applies when SentencePiece is trained, but vocab.from reuses "
+                              f"the model(s) of {vocab.from_}; remove it")
+
+
 def estimated_parameters(cfg: Config) -> int:
     """An upper estimate of the weights (plus position table) the model would allocate, from
     the config alone: refusing an absurd size here beats an allocation traceback later."""
@@ -402,6 +433,7 @@ def validate(cfg: Config) -> Config:
     if m.arch == "transformer" and m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
     _check_subword_sampling(cfg)
+    _check_reused_vocab(cfg.vocab)
     if m.moe_experts and not 1 <= m.moe_top_k <= m.moe_experts:
         raise ConfigError(f"model.moe_top_k must be between 1 and model.moe_experts ({m.moe_experts}), "
                           f"got {m.moe_top_k}")

@@ -58,8 +58,9 @@ def check_resume_settings(cfg, run_dir: Path, console) -> None:
         changed = sorted(k for k in now["model"] if old_model.get(k) != now["model"][k])
         raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
                           f"use --restart to train a new model")
+    defaults = json.loads(json.dumps(type(cfg)().to_dict()))  # a key added since: the saved run used its default
     for section in ("train", "vocab"):
-        old, new = saved.get(section, {}), json.loads(json.dumps(now[section]))
+        old, new = {**defaults[section], **saved.get(section, {})}, json.loads(json.dumps(now[section]))
         for key in sorted(new):
             if old.get(key) != new[key]:
                 console.warn(f"resuming with {section}.{key} = {new[key]!r} (was {old.get(key)!r})")

@@ -136,3 +136,15 @@ def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
         (loss / keep.sum()).backward()
         optimizer.step()
     return save_model_dir(net.eval(), cfg, out_dir, spm, spm, {"note": "reversal test model"})
+
+
+def cli_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """``nmtkit ARGS`` in this process, through ``nmtkit.cli.main`` (no interpreter start-up):
+    (exit code, stdout, stderr)."""
+    from nmtkit.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    captured = capsys.readouterr()
+    return stopped.value.code or 0, captured.out, captured.err

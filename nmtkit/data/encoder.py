@@ -9,6 +9,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from nmtkit.data.vocab import Vocab
+from nmtkit.specials import UNK
 
 
 class Encoded:
@@ -26,6 +27,13 @@ class Encoded:
 
     def tokens(self, keep: Optional[np.ndarray] = None) -> int:
         return int(self.lengths.sum() if keep is None else self.lengths[keep].sum())
+
+    def unknown(self, keep: Optional[np.ndarray] = None) -> int:
+        """How many ids are <unk> (pieces the SentencePiece model lacks), in the kept sentences."""
+        seen = np.concatenate([[0], np.cumsum(self.flat == UNK)])  # <unk>s among the first i ids
+        ends = np.cumsum(self.lengths)
+        per_sentence = seen[ends] - seen[ends - self.lengths]
+        return int(per_sentence.sum() if keep is None else per_sentence[keep].sum())
 
 
 class Encoder:

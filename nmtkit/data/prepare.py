@@ -41,7 +41,7 @@ from nmtkit.data.encoder import Encoder
 from nmtkit.data.identity import changes, identity, read_record
 from nmtkit.data.sources import fingerprint, read_corpus
 from nmtkit.data.sources.corpus import Pair
-from nmtkit.data.vocab import Vocab, spm_files, train_spm
+from nmtkit.data.vocab import Vocab, reused_models, spm_files, train_spm
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_open, atomic_write_text, exclusive, sha256_file
 from nmtkit.workdir import WorkDir
@@ -63,7 +63,7 @@ def prepare(cfg: Config, console) -> dict:
         _save_config(cfg)
         status = {}
         fetch, status["fetch"] = _step(out, "fetch", _fetch_inputs(cfg), lambda: _fetch(cfg, out, console))
-        spm, status["spm"] = _step(out, "spm", _spm_inputs(cfg, fetch), lambda: _train_vocab(cfg, out, fetch, console))
+        spm, status["spm"] = _step(out, "spm", _spm_inputs(cfg, fetch), lambda: _make_vocab(cfg, out, console))
         encoded, status["encode"] = _step(out, "encode", _encode_inputs(cfg, fetch, spm),
                                           lambda: _encode(cfg, out, fetch, console))
         manifest = _manifest(cfg, fetch, spm, encoded)
@@ -217,32 +217,60 @@ def _read_text(*paths: Path) -> Iterator[str]:
                 yield line.rstrip("\n")
 
 
-# --- spm: SentencePiece on the fetched training text -------------------------------------------
+# --- spm: SentencePiece on the fetched training text, or reused (vocab.from) ---------------------
 
 def _spm_inputs(cfg: Config, fetch: dict) -> dict:
     vocab = cfg.vocab
+    if vocab.from_:  # the reused models themselves, whatever text they were trained on
+        models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
+        return {"format": FORMAT, "from": {name: sha256_file(path) for name, path in models.items()},
+                "size": vocab.size}
     settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
                                                      "input_sentence_size")}
     train = {name: info["sha256"] for name, info in fetch["files"].items() if name.startswith("train.prefilter.")}
     return {"format": FORMAT, "vocab": settings, "train": train}
 
 
-def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
+def _make_vocab(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
+    """Train the SentencePiece model(s), or copy them from ``vocab.from``, into ``out``."""
+    vocab = cfg.vocab
+    for name in {*spm_files(True), *spm_files(False)} - set(spm_files(vocab.joint)):  # the other layout's: stale
+        for path in (out / name, (out / name).with_suffix(".vocab")):
+            path.unlink(missing_ok=True)
+    models = _reuse_vocab(cfg, out) if vocab.from_ else _train_vocab(cfg, out, console)
+    report = {"type": vocab.type, "joint": vocab.joint,
+              "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models}}
+    if vocab.from_:
+        report["from"] = str(Path(vocab.from_).expanduser().resolve())
+    return report, [file for name in models for file in (name, str(Path(name).with_suffix(".vocab")))
+                    if (out / file).is_file()]
+
+
+def _train_vocab(cfg: Config, out: Path, console) -> list[str]:
     vocab, data = cfg.vocab, cfg.data
     texts = [out / f"train.prefilter.{data.src_lang}", out / f"train.prefilter.{data.tgt_lang}"]
     src_name, tgt_name = spm_files(vocab.joint)
     jobs = {src_name: texts} if vocab.joint else {src_name: texts[:1], tgt_name: texts[1:]}
-    for name in {*spm_files(True), *spm_files(False)} - set(jobs):  # the other layout's models are stale
-        for path in (out / name, (out / name).with_suffix(".vocab")):
-            path.unlink(missing_ok=True)
-    models = {}
     for name, paths in jobs.items():
         with console.terminal_bar(f"SentencePiece {name}", None):
             train_spm(_read_text(*paths), out / name, vocab.size, vocab.type, vocab.character_coverage,
                       vocab.input_sentence_size)
-        models[name] = {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)}
-    report = {"type": vocab.type, "joint": vocab.joint, "models": models}
-    return report, [file for name in jobs for file in (name, str(Path(name).with_suffix(".vocab")))]
+    return list(jobs)
+
+
+def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
+    """Copy the model(s) of ``vocab.from``; vocab.size must be theirs (the model is built from it)."""
+    vocab = cfg.vocab
+    models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
+    for name, source in models.items():
+        size = len(Vocab(source))
+        if size != vocab.size:
+            raise ConfigError(f"vocab.size is {vocab.size} but {source} (vocab.from) has {size} pieces; "
+                              f"set vocab.size: {size}")
+        with atomic_open(out / name, "wb") as handle:
+            handle.write(source.read_bytes())
+        (out / name).with_suffix(".vocab").unlink(missing_ok=True)  # a trained model's piece list: not this one's
+    return list(models)
 
 
 # --- encode: ids for every split, length rules on train ----------------------------------------
@@ -274,13 +302,15 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
     files = _write_pairs(out, "train", data, kept)
     save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep))
     tokens["train"], pairs["train"] = {"src": src.tokens(keep), "tgt": tgt.tokens(keep)}, int(keep.sum())
+    unknown = {"train": {"src": src.unknown(keep), "tgt": tgt.unknown(keep)}}
     with Encoder(1) as encoder:
         for split in ("dev", "test"):
             src, tgt = (encoder.encode(model, _read_text(out / f"{split}.{lang}"))
                         for model, lang in zip(models, langs))
             save_split(out / f"{split}.npz", src.sequences(), tgt.sequences())
             tokens[split], pairs[split] = {"src": src.tokens(), "tgt": tgt.tokens()}, len(src.lengths)
-    report = {"cleaning": counts, "pairs": pairs, "tokens": tokens, "files": files}
+            unknown[split] = {"src": src.unknown(), "tgt": tgt.unknown()}
+    report = {"cleaning": counts, "pairs": pairs, "tokens": tokens, "unknown": unknown, "files": files}
     return report, [*files, *(f"{split}.npz" for split in SPLITS)]
 
 
@@ -303,8 +333,11 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
         "cleaning": {"read": fetch["cleaning"]["read"], "dropped": dropped, "kept": encoded["pairs"]["train"]},
         "vocab": {"type": spm["type"], "joint": spm["joint"],
                   "size": {"src": spm["models"][src_name]["size"], "tgt": spm["models"][tgt_name]["size"]},
-                  "models": {name: info["sha256"] for name, info in spm["models"].items()}},
+                  "models": {name: info["sha256"] for name, info in spm["models"].items()},
+                  **({"from": spm["from"]} if "from" in spm else {})},
         "tokens": encoded["tokens"],
+        # <unk> ids per split and side (stamps of an older nmtkit lack them until the next encode)
+        **({"unknown": encoded["unknown"]} if "unknown" in encoded else {}),
     }
 
 
@@ -328,7 +361,12 @@ def _print_summary(console, manifest: dict, status: dict, out: Path) -> None:
     vocab = manifest["vocab"]
     sizes = vocab["size"]
     size_text = f"{sizes['src']:,}" if vocab["joint"] else f"{sizes['src']:,} src / {sizes['tgt']:,} tgt"
-    console.info(f"vocab: {vocab['type']}, {'joint' if vocab['joint'] else 'separate'}, {size_text} pieces")
+    console.info(f"vocab: {vocab['type']}, {'joint' if vocab['joint'] else 'separate'}, {size_text} pieces" +
+                 (f" (reused from {vocab['from']})" if "from" in vocab else ""))
+    unknown = manifest.get("unknown", {})
+    if "from" in vocab or any(count for sides in unknown.values() for count in sides.values()):
+        console.info("unknown pieces (<unk>): " + ", ".join(
+            f"{split} {sides['src']:,} src / {sides['tgt']:,} tgt" for split, sides in unknown.items()))
     console.info("steps: " + ", ".join(f"{name} {state}" for name, state in status.items()))
 
 

@@ -10,7 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from nmtkit.errors import DataError
+from nmtkit.checksums import verify
+from nmtkit.errors import ConfigError, DataError
+from nmtkit.files import shown_path
 from nmtkit.specials import EOS, PAD, SPM_SPECIAL_IDS
 
 
@@ -86,3 +88,23 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
                             f"(try a smaller vocab.size)") from None
         os.replace(f"{prefix}.model", model_path)
         os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
+
+
+def reused_models(directory: str | Path, joint: bool) -> tuple[Path, Path]:
+    """The (source, target) SentencePiece models of a model or prepared directory (``vocab.from``),
+    verified against its checksums.json when it has one. nmtkit names them alike in both kinds
+    of directory (``spm_files``), so the names alone tell the layout."""
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise DataError(f"directory not found: {shown_path(directory, 'vocab.from')}")
+    layouts = [layout for layout in (True, False) if all((directory / name).is_file() for name in spm_files(layout))]
+    if not layouts:
+        raise DataError(f"{directory} (vocab.from) holds no SentencePiece model: expected spm.model, "
+                        f"or spm.src.model and spm.tgt.model")
+    if joint not in layouts:
+        found = "one joint model" if layouts[0] else "separate source and target models"
+        raise ConfigError(f"vocab.joint={str(joint).lower()} but {directory} (vocab.from) has {found}; "
+                          f"set vocab.joint: {str(layouts[0]).lower()}")
+    names = spm_files(joint)
+    verify(directory, sorted(set(names)), DataError)
+    return directory / names[0], directory / names[1]

@@ -2,14 +2,17 @@
 every run."""
 from __future__ import annotations
 
+from typing import Optional
+
 from nmtkit.config import Config
 from nmtkit.models.build import parameter_table
 from nmtkit.training import distributed as dist
 
 
 def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype,
-                  always: bool = False) -> dict:
-    """The --dry-run table: parameters by part, dims and the effective batch."""
+                  always: bool = False, init: Optional[dict] = None) -> dict:
+    """The --dry-run table: parameters by part, dims, the effective batch and, for a fine-tuning
+    run, the model it starts from (``init``: the record of training/init_from.py)."""
     from rich.table import Table
 
     counts = parameter_table(model)
@@ -34,6 +37,8 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
     table.add_row("effective batch (tokens)",
                   f"{effective:,} = {cfg.train.max_tokens:,} x {update_freq} x {world} process(es)")
     table.add_row("device / dtype", f"{device} / {str(dtype).replace('torch.', '')}")
+    if init is not None:
+        table.add_row("starts from (train.init_from)", f"{init['path']} (step {init.get('step')})")
     (console.print if always else console.info)(table)  # information before training (-q hides it);
     # the answer itself for --dry-run (always)
     return {**counts, "active": active, "effective_batch_tokens": effective}

@@ -35,6 +35,7 @@ from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, check_fits, checkpoint_dirs, latest_checkpoint,
                                         prune_checkpoints, save_checkpoint, tidy_run_dir)
+from nmtkit.training.init_from import InitSource, check_vocabulary, init_source, load_initial_weights
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.optim import make_optimizer
 from nmtkit.training.precision import LossScaler
@@ -98,13 +99,8 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     dtype = resolve_dtype(cfg.train.dtype, device, cpu_fp16=True)
     if cfg.train.tensorboard:
         summary_writer_class()  # a missing package is found now, not at the first log step
-    if dry_run:  # works before `prepare`: vocab.size stands in for the SentencePiece models
-        try:
-            sizes = tuple(len(v) for v in _vocabs(cfg)[2:])
-        except DataError:
-            sizes = (cfg.vocab.size, cfg.vocab.size)
-        if dist.is_main():
-            print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype, always=True)
+    if dry_run:
+        _dry_run(cfg, console, device, dtype)
         return None
     src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
     if device.type == "cpu":
@@ -119,6 +115,23 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
             console.warn(f"--restart: moved the previous run to {backup}")
         dist.barrier()
         return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir).run()
+
+
+def _dry_run(cfg: Config, console, device: torch.device, dtype) -> None:
+    """The --dry-run table; works before `prepare` (vocab.size stands in for the SentencePiece models).
+    A train.init_from model is checked against the recipe (and the prepared vocabulary, if any)."""
+    init = init_source(cfg)
+    try:
+        src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    except DataError:
+        sizes = (cfg.vocab.size, cfg.vocab.size)
+    else:
+        sizes = (len(src_vocab), len(tgt_vocab))
+        if init is not None:
+            check_vocabulary(init, src_path, tgt_path)
+    if dist.is_main():
+        print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype, always=True,
+                      init=init.record() if init is not None else None)
 
 
 def _holding(run_dir: Path):
@@ -188,6 +201,7 @@ class Trainer:
             raise CheckpointError(f"no readable checkpoint in {self.run_dir / 'checkpoints'} (see the warnings); "
                                   f"move the damaged ones away, or use --restart to start over")
         if ck is None:
+            self._start_from(init_source(self.cfg))
             if dist.is_main():
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self._check_data(resuming=False)
@@ -203,6 +217,8 @@ class Trainer:
         if "cuda" in ck.rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(ck.rng["cuda"])
         self.state = ck.trainer
+        if "init_from" in ck.meta:  # a fine-tuning run: its own checkpoints say where it started
+            self.meta["init_from"] = ck.meta["init_from"]
         self.loss_scaler.load(self.state.loss_scaler)
         self.ema = {k: v.to(self.device).float() for k, v in ck.ema.items()} if ck.ema is not None else None
         if self.cfg.train.ema_decay > 0 and self.ema is None:
@@ -211,6 +227,15 @@ class Trainer:
             save_config(self.cfg, RunDir(self.run_dir).config)
             self.metrics.truncate_after(self.state.step)
         self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
+
+    def _start_from(self, init: Optional[InitSource]) -> None:
+        """A new fine-tuning run: the init model's weights, on its vocabulary (optimizer and step stay fresh)."""
+        if init is None:
+            return
+        check_vocabulary(init, self.src_path, self.tgt_path)
+        load_initial_weights(self.model, init, self.device)
+        self.meta["init_from"] = init.record()
+        self.console.info(f"fine-tuning: starting from the weights of {init.path} (step {init.meta.get('step')})")
 
     def _check_data(self, resuming: bool) -> None:
         """Refuse to resume on other data than the run started on; record it for a new run
@@ -335,7 +360,7 @@ class Trainer:
             return self.run_dir
         if dist.is_main():
             print_summary(self.console, self.model, self.cfg, (len(self.src_vocab), len(self.tgt_vocab)),
-                          self.device, self.dtype)
+                          self.device, self.dtype, init=self.meta.get("init_from"))
         with StopFlag() as stop:
             reason = self._loop(stop)
         if dist.is_main():

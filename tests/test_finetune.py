@@ -1,0 +1,194 @@
+"""Fine-tuning (issue 17, item 1): ``vocab.from`` reuses a SentencePiece model instead of training
+one, and ``train.init_from`` starts a new run from another model's weights."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import cli_in_process, reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
+from nmtkit.config import from_dict, load_config
+from nmtkit.console import NmtConsole
+from nmtkit.errors import ConfigError
+from nmtkit.specials import UNK
+
+MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0)
+
+
+def quiet_console() -> NmtConsole:
+    return NmtConsole(0, file=io.StringIO(), width=400)
+
+
+def write_files(root: Path, train: list[str], dev: list[str]) -> dict:
+    """data.files for a toy task (target: the source's words reversed), languages en and xx."""
+    files = {}
+    for split, sources in (("train", train), ("dev", dev), ("test", dev)):
+        files[split] = {}
+        for lang, lines in (("en", sources), ("xx", [" ".join(s.split()[::-1]) for s in sources])):
+            path = root / f"{split}.{lang}"
+            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            files[split][lang] = str(path)
+    return files
+
+
+def prepared_recipe(root: Path, train: list[str], **vocab) -> dict:
+    root.mkdir(parents=True, exist_ok=True)
+    return {"name": root.name, "workdir": str(root / "work"),
+            "data": {"source": "files", "src_lang": "en", "tgt_lang": "xx",
+                     "files": write_files(root, train, tiny_sentences(10, seed=9))},
+            "vocab": {"size": 40, "workers": 1, **vocab}}
+
+
+def run_prepare(recipe: dict) -> tuple[dict, str]:
+    from nmtkit.data.prepare import prepare
+
+    console = quiet_console()
+    return prepare(from_dict(recipe), console), console.file.getvalue()
+
+
+@pytest.fixture(scope="module")
+def general(tmp_path_factory) -> Path:
+    """A prepared directory whose SentencePiece model the tests reuse."""
+    root = tmp_path_factory.mktemp("general")
+    run_prepare(prepared_recipe(root, tiny_sentences(300, seed=1)))
+    return root / "work" / "prepared"
+
+
+def test_vocab_from_a_model_directory_encodes_with_its_model_and_counts_unknown_pieces(general, tmp_path):
+    from nmtkit.data.ids import load_split
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.modeldir import save_model_dir
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+
+    vocab = Vocab(general / "spm.model")
+    model_dir = save_model_dir(build_model(ModelConfig(**MODEL), len(vocab), len(vocab)), ModelConfig(**MODEL),
+                               tmp_path / "general-model", general / "spm.model", general / "spm.model")
+    domain = [s.replace("cat", "Zebra qüick") for s in tiny_sentences(60, seed=2)]  # Z, ü, q: unseen letters
+    summary, printed = run_prepare(prepared_recipe(tmp_path / "domain", domain, **{"from": str(model_dir)}))
+    out = tmp_path / "domain" / "work" / "prepared"
+    assert (out / "spm.model").read_bytes() == (general / "spm.model").read_bytes()
+    assert not (out / "spm.vocab").exists()
+    for split in ("train", "dev"):
+        ids = load_split(out / f"{split}.npz")
+        lines = (out / f"{split}.en").read_text(encoding="utf-8").splitlines()
+        expected = vocab.encode_batch(lines)
+        assert [ids.pair(i)[0].tolist() for i in range(len(ids))] == expected
+        assert summary["unknown"][split]["src"] == sum(piece == UNK for row in expected for piece in row)
+    assert summary["unknown"]["train"]["src"] > 0
+    assert summary["vocab"]["from"] == str(model_dir.resolve())
+    assert f"reused from {model_dir.resolve()}" in printed and "unknown pieces (<unk>): train" in printed
+
+
+def test_vocab_from_must_fit_the_recipe(general, tmp_path):
+    from nmtkit.data.vocab import reused_models
+
+    assert reused_models(general, joint=True) == (general / "spm.model", general / "spm.model")
+    with pytest.raises(ConfigError, match=r"^vocab.joint=false but .* has one joint model; set vocab.joint: true$"):
+        reused_models(general, joint=False)
+    with pytest.raises(ConfigError, match=r"^vocab.size is 48 but .*spm.model \(vocab.from\) has 40 pieces; "
+                                          r"set vocab.size: 40$"):
+        run_prepare(prepared_recipe(tmp_path / "d", tiny_sentences(30), size=48, **{"from": str(general)}))
+    with pytest.raises(ConfigError, match="^vocab.character_coverage applies when SentencePiece is trained"):
+        from_dict({"data": {"source": "files"}, "vocab": {"from": "x", "character_coverage": 0.99}})
+    cfg = load_config(None, ["data.source=files", f"vocab.from={general}"])
+    assert cfg.vocab.from_ == str(general) and cfg.to_dict()["vocab"]["from"] == str(general)
+    assert from_dict(cfg.to_dict()) == cfg
+
+
+# --- train.init_from ---------------------------------------------------------------------------
+
+@pytest.fixture
+def finetune(tmp_path) -> tuple[Path, dict]:
+    """A prepared reversal task and a model directory (random weights, on the same vocabulary)."""
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+    from nmtkit.modeldir import save_model_dir
+
+    work = tmp_path / "work"
+    prepared = write_prepared(work, reversal_pairs(120, 0, length=6), reversal_pairs(10, 1, length=6))
+    recipe = tiny_recipe(work, model={**MODEL, "max_positions": 64},
+                         train={"max_steps": 4, "save_every": 2, "validate_every": 2, "log_every": 1,
+                                "threads": 1, "init_from": str(tmp_path / "general")})
+    cfg = from_dict(recipe)
+    torch.manual_seed(11)
+    from nmtkit.data.vocab import Vocab
+
+    size = len(Vocab(prepared / "spm.model"))
+    save_model_dir(build_model(cfg.model, size, size), cfg.model, tmp_path / "general", prepared / "spm.model",
+                   prepared / "spm.model", {"step": 700, "recipe": "general"})
+    return tmp_path / "general", recipe
+
+
+def test_init_from_starts_at_the_source_weights_with_a_fresh_optimizer_and_step(finetune):
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.modeldir import WEIGHTS, read_weights, state_dict_for_save
+    from nmtkit.models.build import build_model
+    from nmtkit.training.trainer import Trainer, _vocabs
+
+    source, recipe = finetune
+    cfg = from_dict(recipe)
+    src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
+    trainer = Trainer(cfg, quiet_console(), model, torch.device("cpu"), torch.float32, src_path, tgt_path,
+                      src_vocab, tgt_vocab, Path(recipe["workdir"]) / "train")
+    trainer._resume()  # what run() does before the first step
+    expected = read_weights(source / WEIGHTS)
+    got = state_dict_for_save(trainer.model)
+    assert set(got) == set(expected)
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+    assert trainer.state.step == 0 and not trainer.optimizer.state_dict()["state"]
+    assert trainer.meta["init_from"] == {"path": str(source.resolve()), "step": 700, "recipe": "general",
+                                         "weights_sha256": json.loads((source / "config.json").read_text())[
+                                             "weights_sha256"]}
+
+
+def test_a_fine_tuning_run_resumes_exactly_from_its_own_checkpoints(finetune, tmp_path):
+    from nmtkit.card import model_card
+    from nmtkit.modeldir import WEIGHTS, read_weights
+    from nmtkit.training.checkpoint import checkpoint_dirs, read_trainer_state
+    from nmtkit.training.trainer import train
+
+    source, recipe = finetune
+    straight = json.loads(json.dumps(recipe))
+    straight["workdir"] = str(tmp_path / "straight")
+    shutil.copytree(Path(recipe["workdir"]) / "prepared", tmp_path / "straight" / "prepared")
+    train(from_dict(straight), quiet_console())
+    train(from_dict({**recipe, "train": {**recipe["train"], "max_steps": 2}}), quiet_console())
+    shutil.rmtree(source)  # the second session resumes from the run's checkpoint, never from init_from
+    run_dir = train(from_dict(recipe), quiet_console())
+    final, reference = checkpoint_dirs(run_dir)[-1], checkpoint_dirs(tmp_path / "straight" / "train")[-1]
+    assert final.name == reference.name == "step_00000004"
+    assert read_trainer_state(final).step == 4
+    ours, theirs = read_weights(final / WEIGHTS), read_weights(reference / WEIGHTS)
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+    card = model_card(final)
+    assert card["init_from"]["path"] == str(source.resolve()) and card["init_from"]["step"] == 700
+
+
+def test_init_from_refuses_another_architecture_or_vocabulary_in_one_line(finetune, tmp_path, monkeypatch, capsys):
+    from nmtkit.training.trainer import train
+
+    source, recipe = finetune
+    path = tmp_path / "other.yaml"
+    other = {**recipe, "model": {**recipe["model"], "d_model": 32, "decoder_layers": 2}}
+    path.write_text(yaml.safe_dump(other), encoding="utf-8")
+    code, _, err = cli_in_process(monkeypatch, capsys, "train", str(path), "--dry-run")
+    assert code == 2
+    assert err == (f"nmtkit: error: train.init_from: {source} is another architecture: "
+                                   f"model.d_model (32 here, 16 there), model.decoder_layers (2 here, 1 there); "
+                                   f"fine-tuning keeps the model's architecture\n")
+    console = quiet_console()
+    train(from_dict(recipe), console, dry_run=True)  # dropout may change; the table names the source
+    assert f"{source.resolve()} (step 700)" in console.file.getvalue()
+    prepared = Path(recipe["workdir"]) / "prepared"
+    write_prepared(prepared.parent, reversal_pairs(120, 5, length=7), reversal_pairs(10, 1, length=6), vocab_size=15)
+    with pytest.raises(ConfigError, match=r"^train.init_from: .* has another src vocabulary \(spm.model\) than the "
+                                          r"prepared data .*; prepare with vocab.from: "):
+        train(from_dict(recipe), quiet_console(), dry_run=True)
