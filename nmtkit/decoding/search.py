@@ -16,16 +16,23 @@ source pieces, capped by the model's ``max_positions``. At that length only EOS 
 so a hypothesis reaching it is finished there (its score includes the EOS log-probability).
 EOS is blocked before ``min_len`` pieces; the length limit wins if the two conflict.
 PAD and BOS are never generated.
+
+Target prefixes (``prefixes``, per sentence a list of pieces, [] for none): the first pieces
+of every hypothesis are forced to the prefix (their log-probabilities count in the score),
+then the search goes on from it. A sentence's length limit is raised to its prefix length
+where it is shorter. Lexical constraints (``constraints``, beam search only): see
+``constraints.py``. Sentences given neither decode exactly as without them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from nmtkit.config import DecodeConfig
+from nmtkit.decoding.constraints import LexicalConstraints
 from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
 
@@ -49,10 +56,13 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 
 
 def output_limits(src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
-                  max_positions: Optional[int]) -> Tensor:
-    """[B] longest output (pieces, EOS excluded) per sentence: a * |x| + b, within max_positions."""
+                  max_positions: Optional[int], prefix_lengths: Optional[Tensor] = None) -> Tensor:
+    """[B] longest output (pieces, EOS excluded) per sentence: a * |x| + b, at least the
+    sentence's prefix (``prefix_lengths`` [B]), within max_positions."""
     src_pieces = (src_mask & src.gt(EOS)).sum(1).float()  # real pieces, not specials
     limits = torch.floor(src_pieces * max_len_a + max_len_b).long().clamp(min=0)
+    if prefix_lengths is not None:
+        limits = torch.maximum(limits, prefix_lengths)
     if max_positions is not None:  # decoder input at step t sits at position t (BOS at 0)
         limits = limits.clamp(max=max_positions - 1)
     return limits
@@ -75,14 +85,65 @@ def constrained_logprobs(logits: Tensor, step: int, min_len: int, limits: Tensor
     return lprobs
 
 
+class Prefixes:
+    """Target prefixes of a batch as pieces to force, step by step."""
+
+    def __init__(self, prefixes: Sequence[Sequence[int]], device) -> None:
+        width = max(1, max(len(p) for p in prefixes))
+        self.ids = torch.full((len(prefixes), width), PAD, dtype=torch.long)
+        for row, prefix in enumerate(prefixes):
+            self.ids[row, :len(prefix)] = torch.as_tensor(list(prefix), dtype=torch.long)
+        self.ids = self.ids.to(device)
+        self.lengths = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
+
+    def fit(self, limits: Tensor) -> None:
+        """Cut prefixes longer than their sentence's length limit ([B], after ``output_limits``)."""
+        self.lengths = torch.minimum(self.lengths, limits)
+
+    def force(self, lprobs: Tensor, allowed: Tensor, step: int, row_sentence: Tensor) -> Tensor:
+        """``allowed`` [rows, V] with every piece but the prefix's at ``step`` banned in rows
+        whose sentence ([rows] in ``row_sentence``) is still in its prefix; the forced piece
+        keeps its log-probability from ``lprobs`` (before any other ban)."""
+        if step >= self.ids.size(1):
+            return allowed
+        forcing = self.lengths[row_sentence].gt(step)  # [rows]
+        piece = self.ids[row_sentence, step][:, None]  # (rows, 1)
+        forced = torch.full_like(allowed, NEG_INF).scatter(1, piece, lprobs.gather(1, piece))
+        return torch.where(forcing[:, None], forced, allowed)
+
+
+def prefixed_limits(model: Seq2Seq, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
+                    prefixes: Optional[Sequence[Sequence[int]]]) -> tuple[Tensor, Optional[Prefixes]]:
+    """[B] output length limits (``output_limits``, raised to fit each prefix) and the batch's
+    ``Prefixes`` (None without prefixes)."""
+    forced = Prefixes(prefixes, src.device) if prefixes is not None else None
+    limits = output_limits(src, src_mask, max_len_a, max_len_b, model.max_positions,
+                           None if forced is None else forced.lengths)
+    if forced is not None:
+        forced.fit(limits)
+    return limits, forced
+
+
+def step_logprobs(logits: Tensor, step: int, min_len: int, limits: Tensor, row_sentence: Tensor,
+                  prefixes: Optional[Prefixes], lexical: Optional[LexicalConstraints]) -> Tensor:
+    """The log-probabilities a search step ranks, [rows, V]: ``constrained_logprobs``, then
+    the lexical constraints' bans, then the prefixes' forced pieces (which win)."""
+    lprobs = constrained_logprobs(logits, step, min_len, limits)
+    allowed = lprobs if lexical is None else lexical.restrict(lprobs, step, limits, row_sentence)
+    return allowed if prefixes is None else prefixes.force(lprobs, allowed, step, row_sentence)
+
+
 class _Finished:
     """The ``keep`` best finished hypotheses of every sentence, as padded tensors.
 
     Merging new ones is a top-k over [kept + new] per sentence: no Python loop per
-    sentence or hypothesis.
+    sentence or hypothesis. With lexical constraints (``unmet_apart``), hypotheses that end
+    without meeting them (forced by the length limit) are kept apart in ``unmet``: they are
+    neither counted nor returned before the others.
     """
 
-    def __init__(self, batch: int, keep: int, max_len: int, src_len: int, need_attn: bool, device) -> None:
+    def __init__(self, batch: int, keep: int, max_len: int, src_len: int, need_attn: bool, device,
+                 unmet_apart: bool = False) -> None:
         self.scores = torch.full((batch, keep), NEG_INF, device=device)
         self.logprobs = torch.full((batch, keep), NEG_INF, device=device)
         self.lengths = torch.zeros(batch, keep, dtype=torch.long, device=device)
@@ -90,11 +151,16 @@ class _Finished:
         self.attn = torch.zeros(batch, keep, max_len, src_len, device=device) if need_attn else None
         self.count = torch.zeros(batch, dtype=torch.long, device=device)  # all ever finished
         self.keep = keep
+        self.unmet = _Finished(batch, keep, max_len, src_len, need_attn, device) if unmet_apart else None
 
     def add(self, sent: Tensor, is_new: Tensor, logprobs: Tensor, step: int, lenpen: float,
-            prefixes: Tensor, attn: Optional[Tensor]) -> None:
+            prefixes: Tensor, attn: Optional[Tensor], complete: Optional[Tensor] = None) -> None:
         """Offer candidates ending at ``step``: is_new/logprobs [n, C]; prefixes [n, C, step]
-        (pieces without BOS); attn [n, C, step, S]; ``sent`` [n] maps rows to sentences."""
+        (pieces without BOS); attn [n, C, step, S]; ``sent`` [n] maps rows to sentences;
+        ``complete`` [n, C] (with constraints): which met them all."""
+        if complete is not None:
+            self.unmet.add(sent, is_new & ~complete, logprobs, step, lenpen, prefixes, attn)
+            is_new = is_new & complete
         n, cands = is_new.shape
         self.count[sent] += is_new.sum(1)
         new_scores = torch.where(is_new, logprobs / length_penalty(step, lenpen), NEG_INF)
@@ -118,7 +184,14 @@ class _Finished:
         return self.scores[sent, self.keep - 1]
 
     def results(self, src_mask: Tensor, nbest: int) -> list[list[Hypothesis]]:
-        """Per sentence, its best ``nbest`` finished hypotheses, best first."""
+        """Per sentence, its best ``nbest`` finished hypotheses, best first (then, if there are
+        fewer, the best of those that missed a constraint)."""
+        first = self._kept(src_mask, nbest)
+        second = self.unmet._kept(src_mask, nbest) if self.unmet is not None else [[] for _ in first]
+        # an empty list only if every piece had probability 0
+        return [(mine + other)[:nbest] or [Hypothesis([], NEG_INF, NEG_INF)] for mine, other in zip(first, second)]
+
+    def _kept(self, src_mask: Tensor, nbest: int) -> list[list[Hypothesis]]:
         scores, logprobs, lengths = self.scores.tolist(), self.logprobs.tolist(), self.lengths.tolist()
         tokens = self.tokens.tolist()
         out = []
@@ -130,7 +203,7 @@ class _Finished:
                 length = lengths[b][k]
                 attn = None if self.attn is None else self.attn[b, k, :length][:, src_mask[b]].cpu()
                 hyps.append(Hypothesis(tokens[b][k][:length], scores[b][k], logprobs[b][k], attn))
-            out.append(hyps or [Hypothesis([], NEG_INF, NEG_INF)])  # only if every piece had probability 0
+            out.append(hyps)
         return out
 
 
@@ -148,28 +221,33 @@ def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DECODE.lenpen,
                 max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b, min_len: int = DECODE.min_len,
-                nbest: int = 1, need_attn: bool = False) -> list[list[Hypothesis]]:
+                nbest: int = 1, need_attn: bool = False, prefixes: Optional[Sequence[Sequence[int]]] = None,
+                constraints: Optional[Sequence[Sequence[Sequence[int]]]] = None) -> list[list[Hypothesis]]:
     """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
 
     All sentences and beams advance together as ``B * beam`` decoder rows. Each step takes
-    the top ``2 * beam`` extensions per sentence: those ending in EOS among the first
-    ``beam`` are finished and set aside, and the best ``beam`` others stay live. A sentence
-    is done, and leaves the batch, when
+    the top ``2 * beam`` extensions per sentence (with ``constraints``: in the order of
+    ``LexicalConstraints.expand``): those ending in EOS among the first ``beam`` are finished
+    and set aside, and the best ``beam`` others stay live. A sentence is done, and leaves the
+    batch, when
       (1) ``beam`` hypotheses have finished (the beam is spent; this makes beam 1 greedy), or
       (2) ``nbest`` have finished and no live one can still beat the worst of them: a live
           hypothesis with log-probability s < 0 and length l ends with a log-probability
           <= s at a length in [l, limit], so its score is at most s / max(lp(l), lp(limit))
           (lp is monotonic in the length), or
       (3) it reached its length limit (every live hypothesis was forced to EOS).
+    Hypotheses forced to end by the limit before meeting their constraints are kept apart and
+    returned only after every hypothesis that met them.
     """
     if nbest > beam_size:
         raise ValueError(f"nbest {nbest} > beam size {beam_size}")
     batch, src_len = src.shape
     beam, device = beam_size, src.device
-    limits = output_limits(src, src_mask, max_len_a, max_len_b, model.max_positions)
+    limits, forced = prefixed_limits(model, src, src_mask, max_len_a, max_len_b, prefixes)
+    lexical = LexicalConstraints(constraints, beam, device) if constraints is not None else None
     enc = model.encode(src, src_mask)
     state = model.init_state(enc, beam)
-    finished = _Finished(batch, nbest, int(limits.max()) + 1, src_len, need_attn, device)
+    finished = _Finished(batch, nbest, int(limits.max()) + 1, src_len, need_attn, device, lexical is not None)
     sent = torch.arange(batch, device=device)  # original index of each sentence still decoding
     scores = torch.full((batch, beam), NEG_INF, device=device)
     scores[:, 0] = 0.0  # one live hypothesis at the start, so the beam does not fill with copies
@@ -178,26 +256,34 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
     for step in range(int(limits.max()) + 1):
         n = sent.numel()
         logits, state = model.decode_step(tokens[:, -1], enc, state, need_attn)
-        lprobs = constrained_logprobs(logits, step, min_len, limits[sent].repeat_interleave(beam))
+        row_sentence = sent.repeat_interleave(beam)
+        lprobs = step_logprobs(logits, step, min_len, limits[row_sentence], row_sentence, forced, lexical)
         top_scores, origin, token = beam_step(scores, lprobs)
+        complete = None  # with constraints: which candidates have met them all
+        if lexical is not None:
+            top_scores, origin, token, complete = lexical.expand(scores, lprobs, top_scores, origin, token, sent)
         is_eos = token.eq(EOS) & top_scores.isfinite()
         origin_rows = origin + torch.arange(n, device=device)[:, None] * beam  # (n, 2*beam)
         ends = is_eos[:, :beam]
         if bool(ends.any()):
             rows = origin_rows[:, :beam]
             attn = None if attn_history is None else attn_history[rows]
-            finished.add(sent, ends, top_scores[:, :beam], step, lenpen, tokens[rows][:, :, 1:], attn)
+            finished.add(sent, ends, top_scores[:, :beam], step, lenpen, tokens[rows][:, :, 1:], attn,
+                         None if complete is None else complete[:, :beam])
         # the best `beam` candidates that do not end (stable sort keeps their order)
         live = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]
         scores = top_scores.gather(1, live)
         rows, next_tokens = origin_rows.gather(1, live), token.gather(1, live)
-        done = finished.count[sent].ge(beam) | limits[sent].le(step) | ~scores[:, 0].isfinite()
-        bound = scores[:, 0] / length_penalty(limits[sent], lenpen).clamp(min=length_penalty(step + 1, lenpen))
+        best = scores.max(1).values  # scores[:, 0] but with constraints, whose order is not by score
+        done = finished.count[sent].ge(beam) | limits[sent].le(step) | ~best.isfinite()
+        bound = best / length_penalty(limits[sent], lenpen).clamp(min=length_penalty(step + 1, lenpen))
         done |= finished.count[sent].ge(nbest) & finished.worst_kept(sent).ge(bound)
         if bool(done.all()):
             break
-        if bool(done.any()):  # drop finished sentences: the batch shrinks
-            keep = (~done).nonzero().squeeze(1)
+        keep = (~done).nonzero().squeeze(1) if bool(done.any()) else None
+        if lexical is not None:
+            lexical.keep(live, keep)
+        if keep is not None:  # drop finished sentences: the batch shrinks
             enc = enc.select(keep)
             sent, scores, rows, next_tokens = sent[keep], scores[keep], rows[keep], next_tokens[keep]
         rows = rows.reshape(-1)
@@ -211,12 +297,12 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
 @torch.inference_mode()
 def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Callable[[Tensor], Tensor],
                       rows_per_sentence: int, lenpen: float, max_len_a: float, max_len_b: int, min_len: int,
-                      need_attn: bool) -> list[list[Hypothesis]]:
+                      need_attn: bool, prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
     """Extend each of ``rows_per_sentence`` rows per sentence by ``choose(lprobs [rows, V]) -> [rows]``
     until EOS; no reordering. Greedy and sampling are this loop with different choices."""
     batch, src_len = src.shape
     per, device = rows_per_sentence, src.device
-    limits = output_limits(src, src_mask, max_len_a, max_len_b, model.max_positions)
+    limits, forced = prefixed_limits(model, src, src_mask, max_len_a, max_len_b, prefixes)
     max_len, row_limits = int(limits.max()), limits.repeat_interleave(per)
     enc = model.encode(src, src_mask)
     state = model.init_state(enc, per)
@@ -230,7 +316,7 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
     prev = torch.full((total,), BOS, dtype=torch.long, device=device)
     for step in range(max_len + 1):
         logits, state = model.decode_step(prev, enc, state, need_attn)
-        lprobs = constrained_logprobs(logits, step, min_len, row_limits[row_ids])
+        lprobs = step_logprobs(logits, step, min_len, row_limits[row_ids], row_ids // per, forced, None)
         token = torch.where(ended, EOS, choose(lprobs))
         logprobs[row_ids] += torch.where(ended, 0.0, lprobs.gather(1, token[:, None]).squeeze(1))
         growing = ~ended & token.ne(EOS)
@@ -262,10 +348,11 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
 
 def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = DECODE.lenpen,
                   max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
-                  min_len: int = DECODE.min_len, need_attn: bool = False) -> list[list[Hypothesis]]:
+                  min_len: int = DECODE.min_len, need_attn: bool = False,
+                  prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
     """The most likely piece at every step (identical tokens to beam_search with beam 1)."""
     return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, lenpen, max_len_a,
-                             max_len_b, min_len, need_attn)
+                             max_len_b, min_len, need_attn, prefixes)
 
 
 def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0,
@@ -293,7 +380,8 @@ def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: i
            temperature: float = 1.0, nbest: int = 1, lenpen: float = DECODE.lenpen,
            max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
            min_len: int = DECODE.min_len, need_attn: bool = False,
-           generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
+           generator: Optional[torch.Generator] = None,
+           prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
     """``nbest`` independent samples per sentence (best score first), reproducible under
     ``seed`` (or a caller's ``generator``, on src's device, for a stream over many batches).
     Scores use the untempered model probabilities."""
@@ -303,4 +391,5 @@ def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: i
         generator = torch.Generator(device=src.device)
         generator.manual_seed(seed)
     choose = sampling_choice(generator, topk, topp, temperature)
-    return sequential_search(model, src, src_mask, choose, nbest, lenpen, max_len_a, max_len_b, min_len, need_attn)
+    return sequential_search(model, src, src_mask, choose, nbest, lenpen, max_len_a, max_len_b, min_len, need_attn,
+                             prefixes)
