@@ -160,11 +160,20 @@ def translate(
     engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for a directory written by nmtkit "
                                 "export, torch otherwise), torch or ctranslate2."),
     compile: bool = typer.Option(_DEFAULTS.compile, "--compile", help="torch.compile the decoder step (needs a C++ compiler on CPU; the first batches pay the compile time)."),
+    prefix_file: Optional[Path] = typer.Option(None, "--prefix-file", show_default=False,
+                                               help="Target prefixes, one line per input line (a blank line: none): "
+                                                    "each output starts with exactly its prefix and goes on from it."),
+    constraints: Optional[Path] = typer.Option(None, "--constraints", show_default=False,
+                                               help='Terminology constraints, one JSON list of target phrases per input '
+                                                    'line (e.g. ["Haus", "rote Katze"]; [] or a blank line: none): '
+                                                    "each phrase appears in the output when the length limit leaves "
+                                                    "room (beam search, torch engine)."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
     import dataclasses
 
+    from nmtkit.decoding.guides import GuideFiles
     from nmtkit.decoding.options import TranslateOptions
     from nmtkit.translation import saved_decode_settings, translate_file
 
@@ -177,7 +186,7 @@ def translate(
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
         compile=compile,
     )
-    translate_file([str(m) for m in model], input, output, options, _console())
+    translate_file([str(m) for m in model], input, output, options, _console(), GuideFiles(prefix_file, constraints))
 
 
 _LIMITS = Limits()  # the server's request limits, defined once

@@ -8,12 +8,14 @@ stdout receives translations only.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Optional, Sequence
 
 from nmtkit.compiler import compile_decoder
 from nmtkit.config import DecodeConfig
+from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import check_readable, decode_line, read_json_dict
@@ -65,17 +67,34 @@ def open_engine(model_dirs: Sequence[str], options: TranslateOptions):
     return TorchEngine.open(model_dirs, options)
 
 
+def read_guides(model_dirs: Sequence[str], options: TranslateOptions, side: GuideFiles) -> Optional[list[Guide]]:
+    """The guides of ``side``'s files (None without files), and a one-line error where the
+    search cannot follow them: constraints need beam search in the torch engine."""
+    if side.constraints is not None:
+        if options.sample:
+            raise ConfigError("--constraints needs beam search, not --sample")
+        if resolve_engine(model_dirs, options.engine) == "ctranslate2":
+            from nmtkit.ctranslate2.engine import NO_CONSTRAINTS
+
+            raise ConfigError(NO_CONSTRAINTS)
+    return side.read(options.errors)
+
+
 def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
-                   options: TranslateOptions, console) -> None:
+                   options: TranslateOptions, console, side: GuideFiles = GuideFiles()) -> None:
     """Translate a file (or stdin) to a file (atomically, with a progress bar; a device or
-    named pipe directly) or stdout. The output and the input are checked before any model loads."""
+    named pipe directly) or stdout, each line from its prefix and with its constraints when
+    ``side`` names files of them. The output, the input and the side files are checked before
+    any model loads."""
     options.validate()
     output_path = check_output_file(output_path)
+    guides = read_guides(model_dirs, options, side)
     total = None
     if input_path is not None:
         input_path = check_readable(input_path)
         if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
             total = count_lines(input_path, options.errors)
+            side.check_count(guides, total, str(input_path))
     engine = open_engine(model_dirs, options)
     if options.compile:
         if not hasattr(engine, "model"):  # --engine auto chose ctranslate2 for an export
@@ -86,13 +105,16 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer
     name = str(input_path) if input_path is not None else "<stdin>"
     done = [0]  # input lines translated and written
+    guides_of = functools.partial(side.slice, guides)
     try:
         if output_path is None:
-            _stream(translator, source, name, sys.stdout.buffer, None, done)
+            _stream(translator, source, name, sys.stdout.buffer, None, done, guides_of)
+            side.check_count(guides, done[0], name)
         else:
             with open_output(output_path) as out, console.progress() as bar:
                 task = bar.add_task("translating", total=total)
-                _stream(translator, source, name, out, lambda n: bar.advance(task, n), done)
+                _stream(translator, source, name, out, lambda n: bar.advance(task, n), done, guides_of)
+                side.check_count(guides, done[0], name)  # inside: a short file leaves no output
     except DataError as err:  # undecodable input met while streaming: say what the output holds
         where = "stdout" if output_path is None else str(output_path)
         if done[0] == 0 or (output_path is not None and not is_stream(output_path)):
@@ -133,10 +155,13 @@ def count_lines(path: Path, errors: str) -> int:
 
 
 def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes],
-            progress: Optional[Callable[[int], None]], done: list[int]) -> None:
-    """Translate ``source`` chunk by chunk into ``out``, counting finished lines in ``done[0]``."""
+            progress: Optional[Callable[[int], None]], done: list[int],
+            guides_of: Callable[[int, int], Optional[list[Guide]]]) -> None:
+    """Translate ``source`` chunk by chunk into ``out``, counting finished lines in ``done[0]``;
+    ``guides_of(start, count)``: the guides of those lines (None: none)."""
     for chunk in read_chunks(source, name, translator.options.errors, CHUNK_LINES):
-        lines = translator.translate(chunk, first_index=done[0], progress=progress)
+        guides = guides_of(done[0], len(chunk))
+        lines = translator.translate(chunk, first_index=done[0], progress=progress, guides=guides)
         out.write("".join(line + "\n" for line in lines).encode("utf-8"))
         out.flush()
         done[0] += len(chunk)

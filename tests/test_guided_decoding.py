@@ -3,12 +3,23 @@ goes on from it; every constraint is met whenever the length limit leaves room; 
 asks for neither decodes exactly as without them."""
 from __future__ import annotations
 
+import io
+import json
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+from conftest import reversal_pairs, run_cli, train_tiny
 from nmtkit.config import ModelConfig
+from nmtkit.console import NmtConsole
 from nmtkit.decoding.ensemble import EnsembleModel
+from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.search import beam_search, greedy_search, sample
+from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
+from nmtkit.errors import ConfigError, DataError
+from nmtkit.translation import translate_file
 from test_search import TinyModel, all_outputs, random_batch, sequence_score
 
 PIECES, MAX_LEN = [1, 4, 5, 6], 3  # every piece a 7-piece TinyModel can emit (UNK too), up to 3 of them
@@ -138,3 +149,151 @@ def test_prefixes_in_greedy_sampling_beam_and_ensembles():
     long_prefix = [[4] * 12, [], [5] * 3, [], []]  # longer than a * |x| + b: the limit grows to fit it
     out = beam_search(model, src, mask, 2, prefixes=long_prefix, max_len_a=0, max_len_b=2)
     assert out[0][0].tokens == [4] * 12 and len(out[1][0].tokens) <= 2 and out[2][0].tokens[:3] == [5] * 3
+
+
+# ------------------------------------------------------------------ translate on a trained model
+
+@pytest.fixture(scope="module")
+def trained(reversal_spm, tmp_path_factory) -> Path:
+    return train_tiny(reversal_spm, tmp_path_factory.mktemp("guided") / "model", steps=80)
+
+
+@pytest.fixture(scope="module")
+def loaded(trained):
+    from nmtkit.modeldir import load_model_dir
+
+    return [load_model_dir(trained)]
+
+
+LINES = [s for s, _ in reversal_pairs(8, 21, length=6)]
+FAST = dict(device="cpu", dtype="float32", max_len_a=1.0, max_len_b=6)
+
+
+def guided(loaded, guides, **settings) -> list[str]:
+    from nmtkit.decoding.torch_engine import TorchEngine
+
+    options = TranslateOptions(**{**FAST, **settings})
+    return Translator(TorchEngine.from_loaded(loaded, options), options).translate(LINES, guides=guides)
+
+
+def test_outputs_start_with_exactly_their_prefix(loaded, reversal_spm, tmp_path):
+    from nmtkit.modeldir import load_model_dir, save_model_dir
+    from nmtkit.models.build import build_model
+
+    plain = translate_lines(loaded, LINES, TranslateOptions(beam_size=1, **FAST))
+    prefixes = ["", " ".join(plain[1].split()[:2]), "j j", "a b Ω", "", "c ", "b", "a\tb"]
+    guides = [Guide(prefix) for prefix in prefixes]
+    torch.manual_seed(5)
+    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=1, decoder_layers=1, max_positions=64)
+    second = save_model_dir(build_model(cfg, 16, 16), cfg, tmp_path / "second", reversal_spm, reversal_spm, {})
+    ensemble = loaded + [load_model_dir(second)]
+    for models, settings in ((loaded, dict(beam_size=1)), (loaded, dict(beam_size=4)),
+                             (loaded, dict(beam_size=4, nbest=3)), (ensemble, dict(beam_size=3, nbest=2))):
+        out = guided(models, guides, **settings)
+        texts = [[line.split("\t")[-1] for line in out[i].split("\n")] for i in range(len(prefixes))]
+        for prefix, hyps in zip(prefixes, texts):
+            assert all(text.startswith(prefix.replace("\t", " ")) for text in hyps), (settings, prefix, hyps)
+        assert sum(len(hyps[0]) > len(prefix) + 2 for prefix, hyps in zip(prefixes, texts)) >= 6  # it goes on
+    greedy = guided(loaded, guides, beam_size=1)
+    assert greedy[1] == plain[1]  # the greedy output's own start changes nothing
+    assert greedy[0] == plain[0] and greedy[4] == plain[4]
+
+
+def test_constraints_appear_in_every_output(loaded):
+    plain = translate_lines(loaded, LINES, TranslateOptions(beam_size=4, **FAST))
+    sets = [["j"], ["b c"], [], ["a", "h i"], ["e f g"], ["d", "d"], ["i"], ["c", "j a"]]
+    for beam in (1, 4):
+        out = guided(loaded, [Guide(constraints=tuple(s)) for s in sets], beam_size=beam)
+        for text, phrases, original in zip(out, sets, plain):
+            words = f" {text} "
+            for phrase in phrases:
+                assert f" {phrase} " in words, (beam, phrases, text)
+            if len(phrases) == 2 and phrases[0] == phrases[1]:
+                assert text.split().count(phrases[0]) >= 2
+            if not phrases and beam == 4:
+                assert text == original
+    missing = sum(not all(f" {p} " in f" {o} " for p in s) for s, o in zip(sets, plain) if s)
+    assert missing >= 4  # these constraints do change the plain outputs
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_files_without_constraints_or_prefixes_decode_byte_identically(trained, tmp_path):
+    source = write(tmp_path / "in.txt", LINES + ["", "b a"])
+    console = NmtConsole(verbosity=-1)
+    options = TranslateOptions(beam_size=3, nbest=2, scores=True, **FAST)
+    translate_file([str(trained)], source, tmp_path / "plain.txt", options, console)
+    empty = write(tmp_path / "empty.jsonl", ["[]", "", " [ ] "] + ["[]"] * 7)
+    blank = write(tmp_path / "prefix.txt", [""] * 10)
+    translate_file([str(trained)], source, tmp_path / "guided.txt", options, console, GuideFiles(blank, empty))
+    assert (tmp_path / "guided.txt").read_bytes() == (tmp_path / "plain.txt").read_bytes()
+    absent = [next(s for s in "abcdefghij" if s not in line.split()) for line in LINES[:3]]
+    mixed = write(tmp_path / "mixed.jsonl", [json.dumps([absent[0]]), "[]", json.dumps([f"{absent[2]} a"])]
+                  + ["[]"] * 7)
+    translate_file([str(trained)], source, tmp_path / "mixed.txt", options, console, GuideFiles(None, mixed))
+    got, want = [(tmp_path / n).read_text(encoding="utf-8").splitlines() for n in ("mixed.txt", "plain.txt")]
+    assert got[2:4] == want[2:4] and got[6:] == want[6:] and got[:2] != want[:2]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("short.jsonl", ["[]"] * 3, "has 10 lines but --constraints"),
+    ("json.jsonl", ['["a"'] + ["[]"] * 9, "line 1: not JSON"),
+    ("object.jsonl", ["[]", '{"a": 1}'] + ["[]"] * 8, "line 2: must be a JSON list of strings"),
+    ("numbers.jsonl", ["[]", "[]", "[1, 2]"] + ["[]"] * 7, "line 3: must be a JSON list of strings"),
+    ("blank.jsonl", ['["a", "  "]'] + ["[]"] * 9, "line 1: a constraint phrase is empty"),
+])
+def test_bad_constraint_files_are_one_line_errors_before_the_model_loads(name, content, message, tmp_path):
+    source = write(tmp_path / "in.txt", LINES + ["", "b a"])
+    side = GuideFiles(None, write(tmp_path / name, content))
+    with pytest.raises(DataError, match=message) as err:  # no model: the files are checked first
+        translate_file([str(tmp_path / "no-model")], source, tmp_path / "out.txt", TranslateOptions(**FAST),
+                       NmtConsole(verbosity=-1), side)
+    assert "\n" not in str(err.value) and not (tmp_path / "out.txt").exists()
+
+
+def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(trained, tmp_path):
+    source = write(tmp_path / "in.txt", LINES)
+    prefixes = write(tmp_path / "prefix.txt", ["a"] * 3)
+    done = run_cli("translate", "-m", str(tmp_path / "missing"), "-i", str(source), "--prefix-file", str(prefixes))
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode().strip().count("\n") == 0
+    assert "has 8 lines but --prefix-file" in done.stderr.decode()
+    constraints = write(tmp_path / "c.jsonl", ["[]"] * 8)
+    with pytest.raises(ConfigError, match="--constraints needs beam search"):
+        translate_file([str(trained)], source, None, TranslateOptions(sample=True, **FAST),
+                       NmtConsole(verbosity=-1), GuideFiles(None, constraints))
+
+
+def test_stdin_longer_or_shorter_than_the_prefix_file_is_an_error(trained, tmp_path, monkeypatch):
+    """A stream cannot be counted first: the mismatch shows where the lines run out, and a file
+    output is then not written at all."""
+    prefixes = write(tmp_path / "prefix.txt", ["a", "b"])
+    for lines, expected in ((LINES[:3], "the input has more lines than --prefix-file"), (LINES[:1], "has 1 lines but")):
+        stdin = io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in lines).encode()))
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(DataError, match=expected):
+            translate_file([str(trained)], None, tmp_path / "out.txt", TranslateOptions(**FAST),
+                           NmtConsole(verbosity=-1), GuideFiles(prefixes))
+        assert not (tmp_path / "out.txt").exists()
+
+
+def test_ctranslate2_engine_forces_prefixes_and_refuses_constraints(trained, loaded, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from nmtkit.ctranslate2.engine import CT2Engine
+    from nmtkit.ctranslate2.export import export_ctranslate2
+
+    export = export_ctranslate2(trained, tmp_path / "ct2")
+    options = TranslateOptions(beam_size=1, scores=True, **FAST)
+    ct2_options = TranslateOptions(**{**options.__dict__, "engine": "ctranslate2"})
+    prefixes = [Guide(p) for p in ["", "j i", "a", "b c d", "", "e", "f f f f f f f f", "g"]]
+    ours = guided(loaded, prefixes, beam_size=1, scores=True)
+    theirs = Translator(CT2Engine(export, ct2_options), ct2_options).translate(LINES, guides=prefixes)
+    assert [o.split("\t")[1] for o in ours] == [t.split("\t")[1] for t in theirs]
+    for o, t in zip(ours, theirs):
+        assert float(o.split("\t")[0]) == pytest.approx(float(t.split("\t")[0]), abs=2e-3)
+    with pytest.raises(ConfigError, match="CTranslate2 has no lexically constrained search"):
+        translate_file([str(export)], write(tmp_path / "in.txt", LINES), None, ct2_options,
+                       NmtConsole(verbosity=-1), GuideFiles(None, write(tmp_path / "c.jsonl", ["[]"] * 8)))

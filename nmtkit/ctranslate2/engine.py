@@ -17,6 +17,10 @@ Differences from the torch engine, by CTranslate2's design:
   without the EOS our search forces (its pieces are the same under greedy search).
 - one model only (no ensembles); ``--dtype`` picks CTranslate2's compute type
   (auto: the exported weights' type; int8 works from a float32 export too).
+- target prefixes are its ``target_prefix``; lexical constraints are refused, as
+  CTranslate2 (4.x) has no constrained search (``prefix_bias_beta`` and
+  ``suppress_sequences`` steer towards a prefix or away from sequences, not towards
+  phrases anywhere in the output).
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from nmtkit.modeldir import plain_name, read_json
 from nmtkit.specials import BOS, EOS, PAD
 
 COMPUTE_TYPES = {"auto": "default", "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
+NO_CONSTRAINTS = ("--constraints needs the torch engine: CTranslate2 has no lexically constrained search "
+                  "(only target prefixes); translate the model directory, not its export")
 
 
 def read_export_meta(model_dir: str | Path) -> dict:
@@ -77,6 +83,8 @@ class CT2Engine:
     """An exported model searched by CTranslate2: the engine ``Translator`` takes (see
     ``decoding/torch_engine.py`` for what an engine offers)."""
 
+    constrained_search = False  # see NO_CONSTRAINTS
+
     def __init__(self, model_dir: str | Path, options) -> None:
         meta = read_export_meta(model_dir)
         ctranslate2 = import_ctranslate2()
@@ -115,15 +123,23 @@ class CT2Engine:
         other.options, other.search_settings = options, self.bind(options)
         return other
 
-    def search(self, src, src_mask) -> list[list[Hypothesis]]:
+    def search(self, src, src_mask, prefixes=None, constraints=None) -> list[list[Hypothesis]]:
+        """Hypotheses per sentence; ``prefixes`` (pieces per sentence) become CTranslate2's
+        ``target_prefix``; lexical ``constraints`` it has no search for."""
+        if constraints is not None:
+            raise ConfigError(NO_CONSTRAINTS)
         o = self.options
-        limits = output_limits(src, src_mask, o.max_len_a, o.max_len_b, self.max_positions).tolist()
+        prefix_lengths = None if prefixes is None else torch.tensor([len(p) for p in prefixes])
+        limits = output_limits(src, src_mask, o.max_len_a, o.max_len_b, self.max_positions, prefix_lengths).tolist()
         ids = [row[mask].tolist() for row, mask in zip(src, src_mask)]
         if max(limits) == 0:
             return [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         per = o.nbest if o.sample else 1  # CTranslate2 samples one hypothesis per input: repeat inputs
         pieces = [self.src_vocab.pieces(seq) for seq in ids for _ in range(per)]
-        results = self.ct2.translate_batch(pieces, max_decoding_length=max(limits), **self.search_settings)
+        target_prefix = None if prefixes is None else \
+            [self.tgt_vocab.pieces(prefix[:limit]) for prefix, limit in zip(prefixes, limits) for _ in range(per)]
+        results = self.ct2.translate_batch(pieces, target_prefix=target_prefix, max_decoding_length=max(limits),
+                                           **self.search_settings)
         out = [[self._hypothesis(result, k, limit, len(ids[b]))
                 for result in results[b * per:(b + 1) * per] for k in range(len(result.hypotheses))]
                for b, limit in enumerate(limits)]

@@ -1,6 +1,8 @@
 """Decoding: search over the model contract and the translation front end.
 
-    search.py        beam_search, greedy_search, sample; Hypothesis; length penalty
+    search.py        beam_search, greedy_search, sample; Hypothesis; length penalty; target prefixes
+    constraints.py   LexicalConstraints: constrained beam search (dynamic beam allocation)
+    guides.py        Guide (a line's prefix and constraints), their files, pieces and output text
     ensemble.py      EnsembleModel: several models behind the same contract
     batching.py      length-sorted, token-budgeted inference batches
     torch_engine.py  TorchEngine: loaded models on a device and dtype, searched with search.py

@@ -3,10 +3,11 @@ on the options' device and dtype, searched with ``search.py``.
 
 An engine is what ``Translator`` needs besides its options: ``src_vocab``, ``tgt_vocab``,
 ``max_positions`` (longer inputs are truncated), ``device`` (where source ids are padded),
-``description`` (one line for the console), ``search(src, src_mask)`` and
-``with_options(options)`` (the same loaded model under other decode settings, for a server
-whose requests choose them). The CTranslate2 engine (``nmtkit/ctranslate2/engine.py``)
-offers the same.
+``description`` (one line for the console), ``search(src, src_mask)`` (with ``prefixes=``
+and ``constraints=`` per sentence when a batch has them), ``constrained_search`` (whether it
+takes constraints) and ``with_options(options)`` (the same loaded model under other decode
+settings, for a server whose requests choose them). The CTranslate2 engine
+(``nmtkit/ctranslate2/engine.py``) offers the same.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class TorchEngine:
     ``open`` make one for translation; validation during training makes one around the live
     model, so dev BLEU decodes exactly as ``nmtkit translate`` does."""
 
+    constrained_search = True  # beam_search takes lexical constraints
+
     def __init__(self, model: Seq2Seq, src_vocab, tgt_vocab, options, device: torch.device,
                  description: str = "") -> None:
         self.model, self.src_vocab, self.tgt_vocab = model.eval(), src_vocab, tgt_vocab
@@ -93,8 +96,10 @@ class TorchEngine:
         """The same model (device, dtype, weights shared) searched with other decode settings."""
         return TorchEngine(self.model, self.src_vocab, self.tgt_vocab, options, self.device, self.description)
 
-    def search(self, src, src_mask) -> list[list[Hypothesis]]:
-        return self.bound_search(self.model, src, src_mask)
+    def search(self, src, src_mask, **targets) -> list[list[Hypothesis]]:
+        """Hypotheses per sentence; ``targets``: ``prefixes`` and/or ``constraints`` per sentence
+        (pieces; see ``search.py``), given only when some sentence of the batch has them."""
+        return self.bound_search(self.model, src, src_mask, **targets)
 
 
 def bind_search(o, generator: torch.Generator) -> Callable[..., list[list[Hypothesis]]]:
@@ -105,6 +110,16 @@ def bind_search(o, generator: torch.Generator) -> Callable[..., list[list[Hypoth
     if o.sample:
         return functools.partial(sample, topk=o.topk, topp=o.topp, temperature=o.temperature, nbest=o.nbest,
                                  generator=generator, **common)
-    if o.beam_size == 1:
-        return functools.partial(greedy_search, **common)
-    return functools.partial(beam_search, beam_size=o.beam_size, nbest=o.nbest, **common)
+    beam = functools.partial(beam_search, beam_size=o.beam_size, nbest=o.nbest, **common)
+    if o.beam_size > 1:
+        return beam
+    greedy = functools.partial(greedy_search, **common)
+
+    def greedy_unless_constrained(model, src, src_mask, constraints=None, **targets):
+        """Greedy search; a batch with constraints takes beam search of beam 1 (the same
+        pieces for its unconstrained sentences), which knows how to meet them."""
+        if constraints is None:
+            return greedy(model, src, src_mask, **targets)
+        return beam(model, src, src_mask, constraints=constraints, **targets)
+
+    return greedy_unless_constrained

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from nmtkit.decoding.batching import pad_sources, token_batches
+from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.torch_engine import TorchEngine
@@ -34,17 +35,21 @@ class Translator:
         self.truncated = 0
 
     def translate(self, lines: Sequence[str], first_index: int = 0,
-                  progress: Optional[Callable[[int], None]] = None) -> list[str]:
-        """One output string per line (with nbest > 1 it holds nbest lines joined by newlines)."""
-        sources, results = self.hypotheses(lines, progress)
-        return [self.format(first_index + i, results[i], len(sources[i])) for i in range(len(lines))]
+                  progress: Optional[Callable[[int], None]] = None,
+                  guides: Optional[Sequence[Guide]] = None) -> list[str]:
+        """One output string per line (with nbest > 1 it holds nbest lines joined by newlines);
+        ``guides``: a prefix and constraints per line (``decoding/guides.py``)."""
+        sources, results = self.hypotheses(lines, progress, guides)
+        prefixes = [guide.prefix for guide in guides] if guides is not None else [""] * len(lines)
+        return [self.format(first_index + i, results[i], len(sources[i]), prefixes[i]) for i in range(len(lines))]
 
-    def hypotheses(self, lines: Sequence[str], progress: Optional[Callable[[int], None]] = None
-                   ) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+    def hypotheses(self, lines: Sequence[str], progress: Optional[Callable[[int], None]] = None,
+                   guides: Optional[Sequence[Guide]] = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """Source ids and best-first hypotheses of every line, in input order (a blank line
         gets one empty hypothesis of score 0 without running the model)."""
         opts = self.options
         sources = self.encode(lines)
+        targets = target_ids(self.tgt_vocab, guides) if guides is not None and any(guides) else None
         todo = [i for i, ids in enumerate(sources) if ids]
         results: dict[int, list[Hypothesis]] = {}
         rows = opts.nbest if opts.sample else opts.beam_size
@@ -52,7 +57,8 @@ class Translator:
             positions = [todo[i] for i in batch]
             src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
             with torch.inference_mode():
-                for position, hyps in zip(positions, self.engine.search(src, src_mask)):
+                found = self.engine.search(src, src_mask, **batch_targets(targets, positions))
+                for position, hyps in zip(positions, found):
                     results[position] = hyps
             if progress is not None:
                 progress(len(positions))
@@ -69,7 +75,7 @@ class Translator:
             sources = [ids[:limit] for ids in sources]
         return sources
 
-    def format(self, index: int, hyps: list[Hypothesis], src_pieces: int) -> str:
+    def format(self, index: int, hyps: list[Hypothesis], src_pieces: int, prefix: str = "") -> str:
         """The output line(s) of input ``index``. With nbest > 1 always exactly nbest lines: when the
         search found fewer hypotheses (always, for an empty input), the rest have an empty text and
         score -inf."""
@@ -79,7 +85,7 @@ class Translator:
             hyps = hyps[:o.nbest] + [Hypothesis([], float("-inf"), float("-inf"))] * (o.nbest - len(hyps))
         fields = []
         for hyp in hyps:
-            text = self.text(hyp)
+            text = self.text(hyp, prefix)
             columns = [str(index), f"{hyp.score:.4f}", text] if o.nbest > 1 else \
                 [f"{hyp.score:.4f}", text] if o.scores else [text]
             if o.alignments:
@@ -87,9 +93,26 @@ class Translator:
             fields.append("\t".join(columns))
         return "\n".join(fields)
 
-    def text(self, hyp: Hypothesis) -> str:
-        """A hypothesis detokenised as one line (no tabs or line breaks)."""
-        return self.tgt_vocab.decode(hyp.tokens).translate(_LINE_BREAKS)
+    def text(self, hyp: Hypothesis, prefix: str = "") -> str:
+        """A hypothesis detokenised as one line (no tabs or line breaks); one searched from a
+        target ``prefix`` starts with exactly that text (``guides.prefixed_text``)."""
+        text = prefixed_text(self.tgt_vocab, hyp.tokens, prefix) if prefix else self.tgt_vocab.decode(hyp.tokens)
+        return text.translate(_LINE_BREAKS)
+
+
+def batch_targets(targets: Optional[tuple[list, list]], positions: list[int]) -> dict:
+    """The search keywords for the lines at ``positions``: their prefixes, their constraints
+    (from ``guides.target_ids``), each only when one of these lines has one, so a batch
+    without them runs the plain search."""
+    if targets is None:
+        return {}
+    prefixes, constraints = targets
+    found = {}
+    if any(prefixes[i] for i in positions):
+        found["prefixes"] = [prefixes[i] for i in positions]
+    if any(constraints[i] for i in positions):
+        found["constraints"] = [constraints[i] for i in positions]
+    return found
 
 
 def alignment_pairs(hyp: Hypothesis, src_pieces: int) -> str:
