@@ -81,6 +81,21 @@ def test_answers_equal_translate_with_scores_alignments_and_nbest(client, model_
     assert client.post("/translate", json={"texts": []}).json() == {"translations": []}
 
 
+def test_prefixes_and_constraints_per_text_answer_like_translate(client, model_dir):
+    from nmtkit.decoding.guides import Guide
+
+    lines = sources(4, 3)
+    prefixes, constraints = ["", "a b", "", "j"], [["c"], [], [], ["d e", "f"]]
+    body = {"texts": lines, "prefixes": prefixes, "constraints": constraints, "beam_size": 3, "nbest": 2}
+    answer = client.post("/translate", json=body).json()
+    options = TranslateOptions(**CPU, beam_size=3)
+    guides = [Guide.of(prefix, phrases) for prefix, phrases in zip(prefixes, constraints)]
+    assert answer["translations"] == Translator(open_engine([str(model_dir)], options), options).translate(
+        lines, guides=guides)
+    assert all(h["text"].startswith("a b") for h in answer["nbest"][1])
+    assert all(f" {p} " in f" {answer['translations'][i]} " for i in (0, 3) for p in constraints[i])
+
+
 def test_concurrent_requests_share_batches_and_never_mix(model_dir):
     with start_app([str(model_dir)], TranslateOptions(**CPU), window_s=0.3) as client:
         check_concurrent_requests(client, model_dir)
@@ -137,6 +152,15 @@ MALFORMED = {
     "lenpen negative": (json.dumps({"texts": ["a"], "lenpen": -1}).encode(), 400, "between"),
     "scores as 1": (json.dumps({"texts": ["a"], "scores": 1}).encode(), 400, "true or false"),
     "nbest over beam": (json.dumps({"texts": ["a"], "nbest": 3, "beam_size": 2}).encode(), 400, "beam_size >= 3"),
+    "prefixes not one per text": (json.dumps({"texts": ["a"], "prefixes": ["a", "b"]}).encode(), 400, "one per text"),
+    "a prefix with a line break": (json.dumps({"texts": ["a"], "prefixes": ["a\nb"]}).encode(), 400,
+                                   "prefixes[0] holds a line break"),
+    "a phrase not a string": (json.dumps({"texts": ["a"], "constraints": [[1]]}).encode(), 400,
+                              "a list of strings per text"),
+    "constraints not per text": (json.dumps({"texts": ["a"], "constraints": ["a"]}).encode(), 400,
+                                 "a list of strings per text"),
+    "an empty phrase": (json.dumps({"texts": ["a"], "constraints": [[" "]]}).encode(), 400, "empty phrase"),
+    "too many phrases": (json.dumps({"texts": ["a"], "constraints": [["a"] * 33]}).encode(), 413, "at most 32"),
 }
 
 
@@ -180,6 +204,10 @@ def test_ctranslate2_engine_answers_like_translate(model_dir, tmp_path):
     with start_app([export], options) as ct2_client:
         answer = ct2_client.post("/translate", json={"texts": lines, "scores": True, "beam_size": 2}).json()
         card = ct2_client.get("/info").json()
+        prefixed = ct2_client.post("/translate", json={"texts": lines, "prefixes": ["b a"] * 4}).json()
+        refused = ct2_client.post("/translate", json={"texts": lines, "constraints": [["a"]] * 4})
+    assert all(text.startswith("b a") for text in prefixed["translations"])
+    assert refused.status_code == 400 and "CTranslate2 has no lexically constrained search" in refused.json()["error"]
     reference = [row.split("\t") for row in expected([export], lines, engine="ctranslate2", scores=True, beam_size=2)]
     assert answer["translations"] == [text for _, text in reference]
     assert [f"{score:.4f}" for score in answer["scores"]] == [score for score, _ in reference]

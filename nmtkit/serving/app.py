@@ -2,6 +2,7 @@
 to the batcher, and ``serve`` that loads the model and runs it under uvicorn.
 
     POST /translate   {"texts": [...], "beam_size": 4, "scores": true, ...}  -> {"translations": [...], ...}
+                      (optional "prefixes": a string per text, "constraints": a list of phrases per text)
     GET  /health      status and counters (requests, lines, batches, queued)
     GET  /info        the model card of ``nmtkit info`` (?format=text for the table)
 
@@ -42,7 +43,10 @@ def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits) -> Starle
         nbest = parsed.decode.get("nbest", batcher.base.nbest)
         if nbest > parsed.decode.get("beam_size", batcher.base.beam_size):  # the server's defaults count too
             raise RequestError(400, f"nbest {nbest} needs beam_size >= {nbest}")
-        return JSONResponse(await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode)))
+        constrained = parsed.guides is not None and any(guide.constraints for guide in parsed.guides)
+        if constrained and not batcher.engine.constrained_search:
+            raise RequestError(400, "constraints need the torch engine: CTranslate2 has no lexically constrained search")
+        return JSONResponse(await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides)))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **batcher.stats()})

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from nmtkit.decoding.guides import Guide
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.translate import Translator, alignment_pairs
@@ -28,6 +29,7 @@ _STOP = object()  # queued by close(): the worker finishes what it holds, then r
 class Job:
     texts: list[str]
     decode: dict[str, Any]  # settings for this request; the server's options give the rest
+    guides: Optional[list[Guide]] = None  # a prefix and constraints per text, if the request has them
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
 
@@ -51,8 +53,8 @@ class Batcher:
         self._thread = threading.Thread(target=self._work, name="nmtkit-translator", daemon=True)
         self._thread.start()
 
-    def submit(self, texts: list[str], decode: dict[str, Any]) -> Future:
-        job = Job(texts, decode)
+    def submit(self, texts: list[str], decode: dict[str, Any], guides: Optional[list[Guide]] = None) -> Future:
+        job = Job(texts, decode, guides)
         self._queue.put(job)
         return job.future
 
@@ -119,9 +121,10 @@ class Batcher:
         """One translator call for jobs that share settings; each gets its own slice."""
         options = dataclasses.replace(self.base, **group[0].decode)
         texts = [text for job in group for text in job.texts]
+        guides = [guide for job in group for guide in (job.guides or [Guide()] * len(job.texts))]
         try:
             translator = Translator(self.engine.with_options(options), options)
-            sources, hypotheses = translator.hypotheses(texts)
+            sources, hypotheses = translator.hypotheses(texts, guides=guides if any(guides) else None)
         except Exception as err:  # a bug or an exhausted device: this batch fails, the server goes on
             with self._lock:
                 self._stats["failed_batches"] += 1
@@ -131,7 +134,8 @@ class Batcher:
         start = 0
         for job in group:
             end = start + len(job.texts)
-            job.future.set_result(answer(translator, sources[start:end], hypotheses[start:end]))
+            prefixes = [guide.prefix for guide in guides[start:end]]
+            job.future.set_result(answer(translator, sources[start:end], hypotheses[start:end], prefixes))
             start = end
         with self._lock:
             self._stats["truncated_lines"] += translator.truncated
@@ -141,19 +145,21 @@ class Batcher:
             self._stats["largest_batch_requests"] = max(self._stats["largest_batch_requests"], len(group))
 
 
-def answer(translator: Translator, sources: list[list[int]], hypotheses: list[list[Hypothesis]]) -> dict[str, Any]:
-    """The response body: best translations, plus scores, alignments and n-best lists when
-    the translator's options ask for them. An n-best list holds only the hypotheses the
-    search found (an empty source has one), never the -inf padding rows that keep the
-    text format at N lines per input: a JSON list carries its own length."""
+def answer(translator: Translator, sources: list[list[int]], hypotheses: list[list[Hypothesis]],
+           prefixes: list[str]) -> dict[str, Any]:
+    """The response body: best translations (each starting with its text's prefix), plus
+    scores, alignments and n-best lists when the translator's options ask for them. An
+    n-best list holds only the hypotheses the search found (an empty source has one), never
+    the -inf padding rows that keep the text format at N lines per input: a JSON list
+    carries its own length."""
     options, text = translator.options, translator.text
-    out: dict[str, Any] = {"translations": [text(hyps[0]) for hyps in hypotheses]}
+    out: dict[str, Any] = {"translations": [text(hyps[0], prefix) for hyps, prefix in zip(hypotheses, prefixes)]}
     if options.scores:
         out["scores"] = [hyps[0].score for hyps in hypotheses]
     if options.alignments:
         out["alignments"] = [alignment_pairs(hyps[0], len(ids)) for ids, hyps in zip(sources, hypotheses)]
     if options.nbest > 1:
-        out["nbest"] = [[{"text": text(h), "score": h.score,
+        out["nbest"] = [[{"text": text(h, prefix), "score": h.score,
                           **({"alignment": alignment_pairs(h, len(ids))} if options.alignments else {})}
-                         for h in hyps] for ids, hyps in zip(sources, hypotheses)]
+                         for h in hyps] for ids, hyps, prefix in zip(sources, hypotheses, prefixes)]
     return out

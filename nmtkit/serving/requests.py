@@ -1,14 +1,18 @@
 """What a ``POST /translate`` body may be, checked before anything reaches the model.
 
 A body is one JSON object: ``texts`` (a list of single-line strings) plus optional decode
-settings, each within a range (``DECODE_RANGES``). Every problem is a ``RequestError`` with
-an HTTP status and a one-line message; nothing here imports torch.
+settings, each within a range (``DECODE_RANGES``), and optional ``prefixes`` and
+``constraints`` (one per text, as ``translate --prefix-file`` and ``--constraints`` give
+them). Every problem is a ``RequestError`` with an HTTP status and a one-line message;
+nothing here imports torch.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
+
+from nmtkit.decoding.guides import Guide
 
 # setting -> (type, lowest, highest); beam_size's highest comes from Limits.max_beam
 DECODE_RANGES: dict[str, tuple[type, float, float]] = {
@@ -17,6 +21,8 @@ DECODE_RANGES: dict[str, tuple[type, float, float]] = {
     "scores": (bool, False, True), "alignments": (bool, False, True),
 }
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # one text is one line, as in `nmtkit translate`
+GUIDE_FIELDS = ("prefixes", "constraints")  # per text: a target prefix, target phrases to include
+MAX_PHRASES = 32  # constraint phrases per text
 
 
 class RequestError(Exception):
@@ -47,6 +53,7 @@ class Limits:
 class TranslateRequest:
     texts: list[str]
     decode: dict[str, Any]  # only the settings the client gave; the server's defaults fill the rest
+    guides: Optional[list[Guide]] = None  # a prefix and constraints per text, when the request gives them
 
 
 def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
@@ -63,13 +70,13 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
         raise RequestError(400, "body is not JSON this server reads: nested too deeply") from None
     if not isinstance(payload, dict):
         raise RequestError(400, 'body must be a JSON object such as {"texts": ["a line"]}')
-    unknown = sorted(set(payload) - {"texts"} - set(DECODE_RANGES))
+    unknown = sorted(set(payload) - {"texts", *GUIDE_FIELDS} - set(DECODE_RANGES))
     if unknown:
         raise RequestError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; "
-                                f"known: texts, {', '.join(DECODE_RANGES)}")
+                                f"known: texts, {', '.join([*GUIDE_FIELDS, *DECODE_RANGES])}")
     texts = check_texts(payload.get("texts"), limits)
-    decode = {name: check_setting(name, value, limits) for name, value in payload.items() if name != "texts"}
-    return TranslateRequest(texts, decode)
+    decode = {name: check_setting(name, value, limits) for name, value in payload.items() if name in DECODE_RANGES}
+    return TranslateRequest(texts, decode, check_guides(payload.get("prefixes"), payload.get("constraints"), texts, limits))
 
 
 def check_texts(texts: Any, limits: Limits) -> list[str]:
@@ -77,16 +84,46 @@ def check_texts(texts: Any, limits: Limits) -> list[str]:
         raise RequestError(400, '"texts" must be a list of strings')
     if len(texts) > limits.max_lines:
         raise RequestError(413, f"{len(texts)} texts; at most {limits.max_lines} per request")
-    for index, line in enumerate(texts):
+    check_lines(texts, "texts", limits)
+    return texts
+
+
+def check_lines(lines: list[str], name: str, limits: Limits) -> None:
+    """Each string of ``lines`` (the field ``name``) is one line of valid Unicode within the limit."""
+    for index, line in enumerate(lines):
         if len(line) > limits.max_line_chars:
-            raise RequestError(413, f"texts[{index}] has {len(line)} characters; at most {limits.max_line_chars}")
+            raise RequestError(413, f"{name}[{index}] has {len(line)} characters; at most {limits.max_line_chars}")
         if any(c in LINE_BREAKS for c in line):
-            raise RequestError(400, f"texts[{index}] holds a line break; send one line per text")
+            raise RequestError(400, f"{name}[{index}] holds a line break; send one line per text")
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate escaped in the JSON ("\ud800")
-            raise RequestError(400, f"texts[{index}] is not valid Unicode (a lone surrogate)") from None
-    return texts
+            raise RequestError(400, f"{name}[{index}] is not valid Unicode (a lone surrogate)") from None
+
+
+def check_guides(prefixes: Any, constraints: Any, texts: list[str], limits: Limits) -> Optional[list[Guide]]:
+    """A Guide per text from the optional ``prefixes`` (a string per text, "" for none) and
+    ``constraints`` (a list of target phrases per text), as ``translate --prefix-file`` and
+    ``--constraints`` give them; None when the request has neither."""
+    if prefixes is None and constraints is None:
+        return None
+    if prefixes is not None:
+        if not isinstance(prefixes, list) or len(prefixes) != len(texts) or \
+                not all(isinstance(prefix, str) for prefix in prefixes):
+            raise RequestError(400, '"prefixes" must be a list of strings, one per text')
+        check_lines(prefixes, "prefixes", limits)
+    if constraints is not None:
+        if not isinstance(constraints, list) or len(constraints) != len(texts) or \
+                not all(isinstance(phrases, list) and all(isinstance(p, str) for p in phrases) for phrases in constraints):
+            raise RequestError(400, '"constraints" must be a list with a list of strings per text')
+        for index, phrases in enumerate(constraints):
+            if len(phrases) > MAX_PHRASES:
+                raise RequestError(413, f"constraints[{index}] has {len(phrases)} phrases; at most {MAX_PHRASES}")
+            check_lines(phrases, f"constraints[{index}]", limits)
+            if not all(phrase.strip() for phrase in phrases):
+                raise RequestError(400, f"constraints[{index}] holds an empty phrase")
+    return [Guide.of(prefixes[i] if prefixes is not None else "", constraints[i] if constraints is not None else ())
+            for i in range(len(texts))]
 
 
 def check_setting(name: str, value: Any, limits: Limits) -> Any:
