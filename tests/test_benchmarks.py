@@ -69,6 +69,22 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         assert (tmp_path / f"{name}.md").read_text(encoding="utf-8").startswith("## ")
 
 
+def test_constraints_benchmark_compares_sets_at_each_beam(trained, tmp_path):
+    import constraints_speed
+
+    model, data = trained
+    records = constraints_speed.main(["--model", str(model), "--data", str(data), "--out", str(tmp_path),
+                                      "--threads", "1", "--sets", "plain,empty,1x1,1x2", "--beams", "2",
+                                      "--max-sentences", "6", "--warmup", "2"])
+    assert [r["config"] for r in records] == [f"b2-{s}" for s in ("plain", "empty", "1x1", "1x2")]
+    for record in records:
+        assert record["sentences"] == 6 and record["sent_s"] > 0 and record["vs_plain"] > 0
+        assert record["met"] == (None if record["set"] in ("plain", "empty") else 1.0)  # room for every phrase
+    refs = (data / "test.tgt").read_text(encoding="utf-8").splitlines()
+    assert constraints_speed.phrases_from(refs[0], 2, 1, seed=0)[0] in refs[0].split()
+    assert (tmp_path / "constraints_speed.md").read_text(encoding="utf-8").startswith("## ")
+
+
 def test_joeynmt_peer_gets_our_dimensions_and_training_settings(tmp_path):
     """The peer must train the same model the same way, or its ratio means nothing."""
     import argparse
