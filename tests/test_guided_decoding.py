@@ -106,9 +106,10 @@ def tiny_models() -> dict[str, torch.nn.Module]:
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+@pytest.mark.parametrize("arch", ["transformer", "rnn", "ensemble"])
 def test_random_constraints_are_always_met_and_leave_other_sentences_alone(arch):
-    model = tiny_models()[arch]
+    models = tiny_models()
+    model = EnsembleModel(list(models.values())) if arch == "ensemble" else models[arch]
     gen = torch.Generator().manual_seed(0)
     src, mask = random_batch(9, batch=8, vocab=24, max_len=7)
     constraints = []
@@ -294,6 +295,10 @@ def test_ctranslate2_engine_forces_prefixes_and_refuses_constraints(trained, loa
     assert [o.split("\t")[1] for o in ours] == [t.split("\t")[1] for t in theirs]
     for o, t in zip(ours, theirs):
         assert float(o.split("\t")[0]) == pytest.approx(float(t.split("\t")[0]), abs=2e-3)
+    beam_options = TranslateOptions(**{**ct2_options.__dict__, "beam_size": 3, "nbest": 2})
+    nbest = Translator(CT2Engine(export, beam_options), beam_options).translate(LINES, guides=prefixes)
+    for guide, lines in zip(prefixes, nbest):
+        assert all(line.split("\t")[2].startswith(guide.prefix) for line in lines.split("\n"))
     with pytest.raises(ConfigError, match="CTranslate2 has no lexically constrained search"):
         translate_file([str(export)], write(tmp_path / "in.txt", LINES), None, ct2_options,
                        NmtConsole(verbosity=-1), GuideFiles(None, write(tmp_path / "c.jsonl", ["[]"] * 8)))
