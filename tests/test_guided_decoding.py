@@ -302,3 +302,12 @@ def test_ctranslate2_engine_forces_prefixes_and_refuses_constraints(trained, loa
     with pytest.raises(ConfigError, match="CTranslate2 has no lexically constrained search"):
         translate_file([str(export)], write(tmp_path / "in.txt", LINES), None, ct2_options,
                        NmtConsole(verbosity=-1), GuideFiles(None, write(tmp_path / "c.jsonl", ["[]"] * 8)))
+
+
+def test_bank_order_is_round_robin_from_the_most_advanced_bank():
+    from nmtkit.decoding.constraints import bank_order
+
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, float("-inf")], [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]])
+    banks = torch.tensor([[0, 1, 0, 2, 1, 2], [0, 0, 0, 0, 0, 0]])
+    # bank 2: 3 (and 5, -inf: last); bank 1: 1, 4; bank 0: 0, 2. Without banks: by score.
+    assert bank_order(scores, banks, top_bank=2).tolist() == [[3, 1, 0, 4, 2, 5], [0, 1, 2, 3, 4, 5]]

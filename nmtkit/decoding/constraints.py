@@ -121,11 +121,15 @@ def bank_order(scores: Tensor, banks: Tensor, top_bank: int) -> Tensor:
     ``top_bank`` pieces met, most advanced first), best score first within a bank;
     candidates of score -inf last."""
     by_score = scores.sort(dim=1, descending=True, stable=True).indices
-    banks, finite = banks.gather(1, by_score), scores.gather(1, by_score).isfinite()
-    members = torch.nn.functional.one_hot(banks, top_bank + 1).bool() & finite[:, :, None]  # (n, M, banks)
-    rank = (members.cumsum(1) * members).sum(2) - 1  # place within its bank, 0 = best
-    key = torch.where(finite, rank * (top_bank + 1) + (top_bank - banks), scores.size(1) * (top_bank + 1))
-    return by_score.gather(1, key.sort(dim=1, stable=True).indices)
+    by_bank = banks.gather(1, by_score).sort(dim=1, descending=True, stable=True).indices
+    order = by_score.gather(1, by_bank)  # most advanced bank first, best first within a bank
+    banks, finite = banks.gather(1, order), scores.gather(1, order).isfinite()
+    position = torch.arange(order.size(1), device=order.device).expand_as(order)
+    bank_starts = torch.ones_like(finite)
+    bank_starts[:, 1:] = banks[:, 1:].ne(banks[:, :-1])
+    rank = position - torch.where(bank_starts, position, 0).cummax(1).values  # place within its bank
+    key = torch.where(finite, rank * (top_bank + 1) + (top_bank - banks), order.size(1) * (top_bank + 1))
+    return order.gather(1, key.sort(dim=1, stable=True).indices)
 
 
 class LexicalConstraints:
