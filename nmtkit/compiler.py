@@ -3,8 +3,9 @@
 Every training batch has its own (sentences, length) shape, so the model is compiled with
 ``dynamic=True``: one graph with symbolic sizes instead of one per shape. Sizes 0 and 1 are
 still specialised, so a batch of a single sentence compiles once more (benchmarks/compile_speed.py
-counts the graphs). Compiling wraps a module; checkpoints keep saving the module itself, so
-their weight names never carry the wrapper's ``_orig_mod.`` prefix.
+counts the graphs). Training compiles the model's ``features`` method (the chunked output layer
+and loss after it stay eager); checkpoints keep saving the module itself, so their weight names
+never carry a wrapper's ``_orig_mod.`` prefix.
 """
 from __future__ import annotations
 
@@ -30,14 +31,15 @@ def missing_compiler(device: torch.device) -> Optional[str]:
     return f"inductor does not compile for {device.type} devices"
 
 
-def maybe_compile(module: torch.nn.Module, device: torch.device, console, setting: str) -> torch.nn.Module:
-    """``torch.compile(module, dynamic=True)``, or ``module`` itself with one warning naming
-    ``setting`` when no compiler is available (training still runs, uncompiled)."""
+def maybe_compile(function, device: torch.device, console, setting: str):
+    """``torch.compile(function, dynamic=True)`` (a module or a method), or ``function`` itself
+    with one warning naming ``setting`` when no compiler is available (training still runs,
+    uncompiled)."""
     reason = missing_compiler(device)
     if reason is not None:
         console.warn(f"{setting}: {reason}; running uncompiled")
-        return module
-    return torch.compile(module, dynamic=True)
+        return function
+    return torch.compile(function, dynamic=True)
 
 
 class CompiledDecoder:

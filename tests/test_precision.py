@@ -80,11 +80,12 @@ def test_fp16_resume_mid_search_gives_identical_weights(prepared_task, tmp_path,
 
 
 def test_fp16_gradients_non_finite_at_scale_one_stop_training(prepared_task, tmp_path, monkeypatch):
+    import nmtkit.training.loss as loss_module
     import nmtkit.training.trainer as trainer_module
     from nmtkit.training import precision
 
-    real = trainer_module.label_smoothed_loss
-    monkeypatch.setattr(trainer_module, "label_smoothed_loss",
+    real = loss_module.projected_smoothed_loss
+    monkeypatch.setattr(loss_module, "projected_smoothed_loss",
                         lambda *args: (real(*args)[0] * float("nan"), real(*args)[1]))
     monkeypatch.setattr(precision, "INITIAL_SCALE", 2.0 ** 3)
     with pytest.raises(trainer_module.TrainingStopped, match="3 consecutive non-finite updates"):

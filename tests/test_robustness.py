@@ -223,17 +223,17 @@ def test_damaged_checkpoints_are_named_and_train_falls_back(tmp_path, prepared, 
 def poison_loss(monkeypatch, bad_call, value: float) -> None:
     """Make the trainer's loss ``value`` (nan or inf) on the training micro-batches where
     ``bad_call(n)`` is true (n counts from 1); gradients become non-finite."""
-    import nmtkit.training.trainer as trainer_module
+    import nmtkit.training.loss as loss_module
 
-    real = trainer_module.label_smoothed_loss
+    real = loss_module.projected_smoothed_loss
     calls = [0]
 
-    def loss(logits, target, smoothing):
+    def loss(*args):
         calls[0] += 1
-        result, nll = real(logits, target, smoothing)
+        result, nll = real(*args)
         return (result * value if bad_call(calls[0]) else result), nll
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_loss", loss)
+    monkeypatch.setattr(loss_module, "projected_smoothed_loss", loss)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

@@ -4,7 +4,8 @@ Batch-first everywhere. Token id tensors are ``long``; masks are ``bool`` with T
 real (non-pad) tokens.
 
     encode(src [B, S], src_mask [B, S]) -> EncoderOut          (once per sentence)
-    forward(src, src_mask, tgt_in [B, T]) -> logits [B, T, V]  (teacher forcing, training)
+    forward(src, src_mask, tgt_in [B, T]) -> logits [B, T, V]  (teacher forcing)
+    features(src, src_mask, tgt_in) -> [B, T, D]               (forward before output_proj, training)
     init_state(enc, beam) -> State                              (rows = B * beam)
     decode_step(prev [B*beam], enc, state, need_attn) -> (logits [B*beam, V], state)
 
@@ -54,6 +55,11 @@ class Seq2Seq(nn.Module):
         raise NotImplementedError
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def features(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """What ``forward`` feeds its ``output_proj`` (an ``nn.Linear``): training computes the
+        output layer and the loss together, a chunk of positions at a time (training/loss.py)."""
         raise NotImplementedError
 
     def init_state(self, enc: EncoderOut, beam: int = 1) -> Any:

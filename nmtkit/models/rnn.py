@@ -10,7 +10,7 @@ Decoder, one step (s = top-layer decoder state, c = context, h~ = attentional ve
     bahdanau       c_t = attend(s_{t-1}); s_t = RNN([y_{t-1}; c_t (; h~_{t-1})])
     luong-dot/gen  s_t = RNN([y_{t-1} (; h~_{t-1})]); c_t = attend(s_t)
     none           s_t = RNN([y_{t-1} (; h~_{t-1})]); c_t = the final encoder state (fixed)
-    all:           h~_t = tanh(W_c [s_t; c_t]); logits = output(h~_t)
+    all:           h~_t = tanh(W_c [s_t; c_t]); logits = output(readout(h~_t))
 
 ``(; h~_{t-1})`` is Luong input feeding (``input_feed``). Scores: bahdanau
 v^T tanh(W s + U h_j), luong-dot s . h_j, luong-general s^T W h_j; U h_j and W h_j are
@@ -197,10 +197,10 @@ class RNNSeq2Seq(Seq2Seq):
         outputs, h = self.decoder(inputs, hx)
         return outputs, h.transpose(0, 1), None
 
-    def _logits(self, top: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
-        """Attentional vector h~ = tanh(W_c [s; c]) and the logits read from it."""
+    def _readout(self, top: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Attentional vector h~ = tanh(W_c [s; c]) and what the output layer reads from it."""
         attentional = torch.tanh(self.combine(torch.cat([top, context], -1)))
-        return self.output_proj(self.readout_proj(self.dropout(attentional))), attentional
+        return self.readout_proj(self.dropout(attentional)), attentional
 
     def init_state(self, enc: RNNEncoderOut, beam: int = 1) -> RNNState:
         h = enc.init_h.repeat_interleave(beam, 0)  # (B*beam, L, H): rows b*beam.. are sentence b
@@ -210,6 +210,11 @@ class RNNSeq2Seq(Seq2Seq):
 
     def decode_step(self, prev: Tensor, enc: RNNEncoderOut, state: RNNState,
                     need_attn: bool = False) -> tuple[Tensor, RNNState]:
+        readout, state = self._step(prev, enc, state, need_attn)
+        return self.output_proj(readout), state
+
+    def _step(self, prev: Tensor, enc: RNNEncoderOut, state: RNNState, need_attn: bool) -> tuple[Tensor, RNNState]:
+        """One decoder step up to the output layer: (readout [rows, E or H], new state)."""
         inputs = [self.dropout(self.tgt_embed(prev))]  # (rows, E)
         bahdanau = self.cfg.attention == "bahdanau"
         if bahdanau:  # attend with the previous top-layer state s_{t-1}
@@ -221,24 +226,29 @@ class RNNSeq2Seq(Seq2Seq):
         top = outputs[:, 0]  # (rows, H) = s_t
         if not bahdanau:
             context, weights = self._attend_rows(top, enc, need_attn)
-        logits, attentional = self._logits(top, context)
-        return logits, RNNState(h=h, c=c, input_feed=attentional if self.cfg.input_feed else None,
+        readout, attentional = self._readout(top, context)
+        return readout, RNNState(h=h, c=c, input_feed=attentional if self.cfg.input_feed else None,
                                 attn=weights if need_attn else None)
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits [B, T, V]: the decoder RNN runs over the whole sequence at once
-        when no step depends on the previous step's attention, else ``decode_step`` in a loop."""
+        """Teacher-forced logits [B, T, V]."""
+        return self.output_proj(self.features(src, src_mask, tgt_in))
+
+    def features(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced readouts [B, T, E or H] (the output layer's input): the decoder RNN runs
+        over the whole sequence at once when no step depends on the previous step's attention,
+        else ``_step`` in a loop."""
         enc = self.encode(src, src_mask)
         state = self.init_state(enc)
         if self.cfg.attention == "bahdanau" or self.cfg.input_feed:
             steps = []
             for t in range(tgt_in.size(1)):
-                logits, state = self.decode_step(tgt_in[:, t], enc, state)
-                steps.append(logits)
+                readout, state = self._step(tgt_in[:, t], enc, state, need_attn=False)
+                steps.append(readout)
             return torch.stack(steps, 1)
         outputs, _, _ = self._run_decoder(self.dropout(self.tgt_embed(tgt_in)), state.h, state.c)  # (B, T, H)
         context, _ = self._attend(outputs, enc, need_weights=False)  # the T steps act as T queries
-        return self._logits(outputs, context)[0]
+        return self._readout(outputs, context)[0]
 
     @property
     def max_positions(self) -> Optional[int]:

@@ -183,8 +183,11 @@ class Transformer(Seq2Seq):
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, router_stats: Optional[list] = None) -> Tensor:
         """Logits [B, T, V]; MoE layers append their RouterStats to ``router_stats`` if given."""
-        enc = self.encode(src, src_mask, router_stats)
-        return self.output_proj(self.decode(tgt_in, enc, router_stats))  # (B, T, V)
+        return self.output_proj(self.features(src, src_mask, tgt_in, router_stats))  # (B, T, V)
+
+    def features(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, router_stats: Optional[list] = None) -> Tensor:
+        """Teacher-forced decoder states [B, T, D], the output layer's input."""
+        return self.decode(tgt_in, self.encode(src, src_mask, router_stats), router_stats)
 
     def init_state(self, enc: EncoderOut, beam: int = 1) -> TransformerState:
         rows = enc.src_mask.size(0) * beam

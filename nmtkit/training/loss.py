@@ -1,6 +1,8 @@
 """Label-smoothed cross-entropy (Szegedy et al. 2016), as used by Vaswani et al. 2017."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from nmtkit.specials import PAD
@@ -48,3 +50,106 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
     flat_target = target.reshape(-1)
     return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), flat_target, flat_target.ne(PAD),
                                        float(smoothing))
+
+
+# Rows of one chunk of the output layer: their float32 logits hold at most this many numbers
+# (128 MiB), whatever the vocabulary; a quickstart batch (2k tokens x 8k pieces) is one chunk.
+CHUNK_ELEMENTS = 2 ** 25
+
+
+class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
+    """Output layer and smoothed loss together, ``CHUNK_ELEMENTS`` logits at a time.
+
+    The full [tokens, V] logits (and their float32 log-probabilities, kept for the backward
+    pass) were the largest tensors of a training step. Here each chunk's logits live only
+    inside the loop: since the loss is a sum and its gradient is linear in the incoming
+    scalar gradient, the gradients w.r.t. the rows, the weight and the bias are computed in
+    the forward pass for a unit incoming gradient, and the backward pass only scales them.
+    No logits are recomputed, so the flops are the unchunked path's.
+    """
+
+    @staticmethod
+    def forward(ctx, rows, weight, bias, target, smoothing: float, compute_dtype, with_grad: bool):
+        with torch.autocast(rows.device.type, enabled=False):  # dtypes set by hand below
+            totals, grads = _chunked_loss(rows, weight, bias, target, smoothing, compute_dtype, with_grad)
+        ctx.dtypes = rows.dtype, weight.dtype, None if bias is None else bias.dtype
+        ctx.save_for_backward(*grads)
+        ctx.mark_non_differentiable(totals[1])
+        return totals
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):
+        # scaled in place: the saved gradients serve this one backward pass (no retain_graph in training)
+        grads = [None if grad is None else grad.mul_(grad_loss).to(dtype)
+                 for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
+        return (*grads, None, None, None, None)
+
+
+def _chunked_loss(rows, weight, bias, target, smoothing: float, compute_dtype, with_grad: bool):
+    """(summed smoothed loss, summed NLL) of ``rows`` [N, D] through ``weight`` [V, D] (+ ``bias``),
+    and with ``with_grad`` the float32 gradients of the loss w.r.t. (rows, weight, bias)."""
+    vocab = weight.size(0)
+    weight_c = weight.to(compute_dtype)
+    bias_c = None if bias is None else bias.to(compute_dtype)
+    rows_c = rows.to(compute_dtype)
+    loss = rows.new_zeros((), dtype=torch.float32)
+    nll = rows.new_zeros((), dtype=torch.float32)
+    grad_rows = torch.empty(rows.shape, dtype=torch.float32, device=rows.device) if with_grad else None
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=rows.device) if with_grad else None
+    grad_bias = torch.zeros(vocab, dtype=torch.float32, device=rows.device) if with_grad and bias is not None else None
+    step = max(1, CHUNK_ELEMENTS // vocab)
+    for start in range(0, rows.size(0), step):
+        chunk, gold = rows_c[start:start + step], target[start:start + step]
+        lprobs = torch.log_softmax(torch.nn.functional.linear(chunk, weight_c, bias_c).float(), dim=-1)
+        nll_rows = -lprobs.gather(1, gold[:, None]).squeeze(1)
+        loss += ((1.0 - smoothing) * nll_rows - smoothing * lprobs.mean(dim=-1)).sum()
+        nll += nll_rows.sum()
+        if not with_grad:
+            continue
+        # d loss / d logits = softmax - (1 - eps) onehot - eps / V, row by row
+        grad = lprobs.exp_().sub_(smoothing / vocab)
+        grad[torch.arange(len(gold), device=grad.device), gold] -= 1.0 - smoothing
+        if grad_bias is not None:
+            grad_bias += grad.sum(0)
+        grad_c = grad.to(compute_dtype)
+        grad_rows[start:start + step] = grad_c @ weight_c
+        if compute_dtype == torch.float32:
+            grad_weight.addmm_(grad_c.t(), chunk)
+        else:  # no mixed-dtype addmm: a [V, D] product per chunk, summed in float32
+            grad_weight += grad_c.t() @ chunk
+    return (loss, nll), (grad_rows, grad_weight, grad_bias)
+
+
+def projected_smoothed_loss(hidden: torch.Tensor, output_proj: torch.nn.Linear, target: torch.Tensor,
+                            smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``label_smoothed_loss(output_proj(hidden), target, smoothing)`` without the [tokens, V]
+    logits: hidden [B, T, D], target [B, T]. Padding positions are dropped before the output
+    layer (they cost nothing); under autocast the output layer runs in the autocast dtype,
+    the softmax and the loss in float32, as on the unchunked path."""
+    device_type = hidden.device.type
+    compute_dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
+                     else output_proj.weight.dtype)
+    flat_target = target.reshape(-1)
+    keep = flat_target.ne(PAD)
+    rows = hidden.reshape(-1, hidden.size(-1))[keep]  # (N real targets, D)
+    params = (output_proj.weight, output_proj.bias)
+    with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (rows, *params))
+    return _ProjectedSmoothedCrossEntropy.apply(rows, *params, flat_target[keep], float(smoothing), compute_dtype,
+                                                with_grad)
+
+
+class TrainingLoss(torch.nn.Module):
+    """A model and its smoothed loss as one module, the one that DDP wraps: ``features``
+    (the model's own method, or a compiled one) then the chunked output layer and loss."""
+
+    def __init__(self, model: torch.nn.Module, smoothing: float, features=None) -> None:
+        super().__init__()
+        self.model = model
+        self.smoothing = smoothing
+        self.features = model.features if features is None else features
+
+    def forward(self, src, src_mask, tgt_in, tgt_out, router_stats: Optional[list] = None):
+        """Summed smoothed loss and NLL of one batch; MoE layers append to ``router_stats`` if given."""
+        routed = {} if router_stats is None else {"router_stats": router_stats}  # a dense model takes none
+        hidden = self.features(src, src_mask, tgt_in, **routed)
+        return projected_smoothed_loss(hidden, self.model.output_proj, tgt_out, self.smoothing)

@@ -36,7 +36,7 @@ from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (TrainerState, check_fits, checkpoint_dirs, latest_checkpoint,
                                         prune_checkpoints, save_checkpoint, tidy_run_dir)
 from nmtkit.training.init_from import InitSource, check_vocabulary, init_source, load_initial_weights
-from nmtkit.training.loss import label_smoothed_loss
+from nmtkit.training.loss import TrainingLoss
 from nmtkit.training.optim import make_optimizer
 from nmtkit.training.precision import LossScaler
 from nmtkit.training.routing import RouterWindow, router_penalty
@@ -167,10 +167,12 @@ class Trainer:
             self.sampler = SubwordSampler(self.train_data, (src_vocab, tgt_vocab), cfg.vocab.type, t.subword_alpha,
                                           t.subword_nbest, t.seed)
         self.model = model.to(device)
-        # DDP under torchrun, else the model itself; compiled inside DDP, so gradient hooks and no_sync
-        # stay DDP's own. Checkpoints save self.model: no wrapper's prefix in their weight names.
-        forward = maybe_compile(self.model, device, console, "train.compile") if cfg.train.compile else self.model
-        self.forward_model = dist.wrap(forward, device)
+        # the model and its chunked loss as one module, in DDP under torchrun; the model's features are
+        # compiled inside DDP, so gradient hooks and no_sync stay DDP's own. Checkpoints save self.model:
+        # no wrapper's prefix in their weight names.
+        features = (maybe_compile(self.model.features, device, console, "train.compile") if cfg.train.compile
+                    else self.model.features)
+        self.objective = dist.wrap(TrainingLoss(self.model, cfg.train.label_smoothing, features), device)
         self.model_dim = cfg.model.width  # the noam schedule's d_model
         self.max_len = getattr(model, "max_positions", None)
         m = cfg.model
@@ -306,7 +308,7 @@ class Trainer:
             batch = batch.to(self.device)
             last = i == len(batches) - 1
             with _out_of_memory_names(batch, self.state.step + 1, t.max_tokens), \
-                    dist.no_sync_unless(self.forward_model, last), \
+                    dist.no_sync_unless(self.objective, last), \
                     autocast(self.device, self.dtype):
                 loss, nll = self._loss(batch, scale)
             loss_sum += loss.detach()
@@ -331,9 +333,7 @@ class Trainer:
         """Forward and backward of one micro-batch; returns its summed smoothed loss and NLL. An
         MoE model's router losses join the gradient as a per-token penalty (not in the loss shown)."""
         stats = None if self.router_window is None else []
-        routed = {} if stats is None else {"router_stats": stats}
-        logits = self.forward_model(batch.src, batch.src_mask, batch.tgt_in, **routed)
-        loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.cfg.train.label_smoothing)
+        loss, nll = self.objective(batch.src, batch.src_mask, batch.tgt_in, batch.tgt_out, stats)
         total = loss
         if stats is not None:
             m = self.cfg.model

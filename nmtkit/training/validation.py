@@ -17,7 +17,7 @@ from nmtkit.data.ids import ParallelIds
 from nmtkit.data.vocab import Vocab
 from nmtkit.device import autocast
 from nmtkit.models.base import Seq2Seq
-from nmtkit.training.loss import label_smoothed_loss
+from nmtkit.training.loss import projected_smoothed_loss
 
 
 @torch.no_grad()
@@ -28,8 +28,8 @@ def dev_loss(model: Seq2Seq, dev: ParallelIds, max_tokens: int, device, dtype, m
     for indices in make_batches(dev.src_lengths(), dev.tgt_lengths(), max_tokens, 0, 0, shuffle=False):
         batch = collate(dev, indices, max_len).to(device)
         with autocast(device, dtype):
-            logits = model(batch.src, batch.src_mask, batch.tgt_in)
-        _, nll = label_smoothed_loss(logits, batch.tgt_out, 0.0)
+            hidden = model.features(batch.src, batch.src_mask, batch.tgt_in)
+            _, nll = projected_smoothed_loss(hidden, model.output_proj, batch.tgt_out, 0.0)  # no [tokens, V] logits
         nll_sum += nll.item()
         ntokens += batch.ntokens
     loss = nll_sum / max(ntokens, 1)
