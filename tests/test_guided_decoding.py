@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import reversal_pairs, run_cli, train_tiny
+from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
 from nmtkit.console import NmtConsole
 from nmtkit.decoding.ensemble import EnsembleModel
@@ -255,17 +255,19 @@ def test_bad_constraint_files_are_one_line_errors_before_the_model_loads(name, c
     assert "\n" not in str(err.value) and not (tmp_path / "out.txt").exists()
 
 
-def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(trained, tmp_path):
+def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, monkeypatch, capsys):
+    from test_robustness import assert_error, cli
+
     source = write(tmp_path / "in.txt", LINES)
     prefixes = write(tmp_path / "prefix.txt", ["a"] * 3)
-    done = run_cli("translate", "-m", str(tmp_path / "missing"), "-i", str(source), "--prefix-file", str(prefixes))
-    assert done.returncode == 2 and done.stdout == b""
-    assert done.stderr.decode().strip().count("\n") == 0
-    assert "has 8 lines but --prefix-file" in done.stderr.decode()
+    missing = str(tmp_path / "missing")  # no model: the files are checked before any model loads
+    code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--prefix-file", str(prefixes))
+    assert_error(code, err, 2, "has 8 lines but --prefix-file")
     constraints = write(tmp_path / "c.jsonl", ["[]"] * 8)
-    with pytest.raises(ConfigError, match="--constraints needs beam search"):
-        translate_file([str(trained)], source, None, TranslateOptions(sample=True, **FAST),
-                       NmtConsole(verbosity=-1), GuideFiles(None, constraints))
+    code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--constraints",
+                    str(constraints), "--sample")
+    assert_error(code, err, 2, "--constraints needs beam search")
+    assert capsys.readouterr().out == ""
 
 
 def test_stdin_longer_or_shorter_than_the_prefix_file_is_an_error(trained, tmp_path, monkeypatch):
