@@ -3,8 +3,9 @@
 Lines are encoded with the source SentencePiece model, sorted by length into token-budgeted
 batches, searched by an engine, put back in input order and detokenised. Empty and
 whitespace-only lines give empty translations without running the model; lines over the
-model's positions are truncated (one warning counts them). Files and streams:
-``nmtkit/translation.py``.
+model's positions are truncated (one warning counts them). A line may come with a target
+prefix and constraints (``guides.py``); a batch holding none of them runs the plain search.
+Files and streams: ``nmtkit/translation.py``.
 """
 from __future__ import annotations
 
