@@ -168,6 +168,9 @@ def translate(
                                                     'line (e.g. ["Haus", "rote Katze"]; [] or a blank line: none): '
                                                     "each phrase appears in the output when the length limit leaves "
                                                     "room (beam search, torch engine)."),
+    target_lang: str = typer.Option(_DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
+                                    help="A multilingual model: the language to translate into (puts its tag, e.g. "
+                                         "<2es>, before every line)."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
@@ -184,7 +187,7 @@ def translate(
     options = TranslateOptions(
         **decode, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
-        compile=compile,
+        compile=compile, target_lang=target_lang,
     )
     translate_file([str(m) for m in model], input, output, options, _console(), GuideFiles(prefix_file, constraints))
 

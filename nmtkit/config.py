@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Iterator, Literal, Optional
 
 from nmtkit.errors import ConfigError
 from nmtkit.limits import DEVICE_NAME, MAX_PARAMETERS, check_range
@@ -29,7 +30,9 @@ class CleanConfig:
 
 
 @dataclass
-class DataConfig:
+class SourceConfig:
+    """One source of parallel data with its own keys: ``data`` itself, or one of ``data.corpora``."""
+
     # files | hf | sword: required, so a forgotten line cannot quietly train on another corpus;
     # each source's own keys below (files / hf_* / sword_*) are an error under another source
     source: str = ""
@@ -49,7 +52,38 @@ class DataConfig:
     sword_path: str = "/usr/share/sword"
     dev_size: int = 500
     test_size: int = 1000
+
+
+@dataclass
+class CorpusConfig(SourceConfig):
+    """One training corpus of ``data.corpora``: a source (its keys as in ``data``), a weight and a tag."""
+
+    src_lang: str = ""  # the languages of its source's files / hf columns (default: data's)
+    tgt_lang: str = ""
+    name: str = ""  # required: names the corpus in prepare's report and the manifest
+    weight: float = 1.0  # pairs per epoch = round(weight x its cleaned pairs) (nmtkit/data/mixing.py)
+    tag: str = ""  # prepended to each of its source sentences (e.g. <2es>, <bt>); reserved as one piece
+
+
+@dataclass
+class DataConfig(SourceConfig):
+    # several training corpora instead of the one source above (whose keys then stay unset but
+    # src_lang / tgt_lang, which name the prepared files); dev and test come from the first corpus
+    corpora: list[CorpusConfig] = field(default_factory=list)
     clean: CleanConfig = field(default_factory=CleanConfig)
+
+    def training_sources(self) -> list[CorpusConfig]:
+        """The corpora with their languages filled in, or ``data`` itself as one untagged corpus."""
+        if not self.corpora:
+            own = {f.name: getattr(self, f.name) for f in dataclasses.fields(SourceConfig)}
+            return [CorpusConfig(**own, name=self.source)]
+        return [dataclasses.replace(c, src_lang=c.src_lang or self.src_lang, tgt_lang=c.tgt_lang or self.tgt_lang)
+                for c in self.corpora]
+
+    @property
+    def tags(self) -> list[str]:
+        """The corpora's tags, each once, in order (reserved as pieces of the SentencePiece model)."""
+        return list(dict.fromkeys(c.tag for c in self.corpora if c.tag))
 
 
 @dataclass
@@ -232,6 +266,14 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _section_type(annotation: Any) -> Optional[type]:
+    """The dataclass of a ``list[Section]`` field (data.corpora), else None."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check/convert ``value`` to the field type, or raise a ConfigError naming ``key``."""
     origin = typing.get_origin(annotation)
@@ -277,6 +319,13 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return value
+    section = _section_type(annotation)
+    if section is not None:  # a list of sections (data.corpora): each entry checked like a section
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
+        return [_build(section, entry, f"{key}[{i}].") for i, entry in enumerate(value)]
     return value
 
 
@@ -337,8 +386,9 @@ def _numeric_keys(cls: type, prefix: str) -> list[str]:
     """Dotted names of every int and float field under dataclass ``cls``."""
     keys, hints = [], _hints(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            keys += _numeric_keys(hints[f.name], f"{prefix}{f.name}.")
+        section = hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else _section_type(hints[f.name])
+        if section is not None:  # a list of sections shares one rule per key: data.corpora.weight
+            keys += _numeric_keys(section, f"{prefix}{f.name}.")
         elif hints[f.name] in (int, float):
             keys.append(f"{prefix}{f.name}")
     return keys
@@ -353,10 +403,21 @@ def _check_ranges(section: Any, prefix: str = "") -> None:
     for key in NUMERIC_KEYS:
         if not key.startswith(prefix):
             continue
-        node = section
-        for part in key[len(prefix):].split("."):
-            node = getattr(node, part)
-        check_range(key, node)
+        for shown, value in _values(section, key[len(prefix):].split("."), prefix):
+            check_range(key, value, shown)
+
+
+def _values(node: Any, parts: list[str], shown: str) -> Iterator[tuple[str, Any]]:
+    """(name, value) of the field at dotted ``parts`` under ``node``; through a list of sections,
+    one per entry, named like data.corpora[1].weight."""
+    child = getattr(node, parts[0])
+    if isinstance(child, list):
+        for i, entry in enumerate(child):
+            yield from _values(entry, parts[1:], f"{shown}{parts[0]}[{i}].")
+    elif len(parts) == 1:
+        yield f"{shown}{parts[0]}", child
+    else:
+        yield from _values(child, parts[1:], f"{shown}{parts[0]}.")
 
 
 def decode_config_from_dict(values: dict) -> DecodeConfig:
@@ -384,16 +445,47 @@ def _check_subword_sampling(cfg: Config) -> None:
             raise ConfigError("train.subword_nbest applies to vocab.type=unigram only (BPE-dropout has no n-best)")
 
 
-def _check_source(data: DataConfig) -> None:
+def _check_source(source: SourceConfig, prefix: str = "data.") -> None:
     """A source must be named, and no key of another source may be set."""
-    if data.source not in _SOURCE_KEYS:
-        given = f"{data.source!r} is not one of" if data.source else "is missing; choose one of"
-        raise ConfigError(f"data.source {given} {', '.join(_SOURCE_KEYS)}")
-    defaults = DataConfig()
+    if source.source not in _SOURCE_KEYS:
+        given = f"{source.source!r} is not one of" if source.source else "is missing; choose one of"
+        raise ConfigError(f"{prefix}source {given} {', '.join(_SOURCE_KEYS)}")
+    defaults = SourceConfig()
     for owner, keys in _SOURCE_KEYS.items():
         for key in keys:
-            if owner != data.source and getattr(data, key) != getattr(defaults, key):
-                raise ConfigError(f"data.{key} belongs to data.source={owner}, but data.source is {data.source}")
+            if owner != source.source and getattr(source, key) != getattr(defaults, key):
+                raise ConfigError(f"{prefix}{key} belongs to {prefix}source={owner}, but {prefix}source is "
+                                  f"{source.source}")
+
+
+CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# a tag is one SentencePiece piece: no whitespace or comma, no "▁" (its space), not a special piece
+CORPUS_TAG = re.compile(r"[^\s,\u2581]{1,32}")
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+
+
+def _check_data(data: DataConfig) -> None:
+    """One source in ``data``, or named, tagged corpora in ``data.corpora`` and no source in ``data``."""
+    if not data.corpora:
+        _check_source(data)
+        return
+    defaults = SourceConfig()
+    for f in dataclasses.fields(SourceConfig):
+        if f.name not in ("src_lang", "tgt_lang") and getattr(data, f.name) != getattr(defaults, f.name):
+            raise ConfigError(f"data.{f.name} is a key of one source, but data.corpora lists the sources; "
+                              f"set it on a corpus (dev and test come from the first)")
+    names = set()
+    for i, corpus in enumerate(data.corpora):
+        where = f"data.corpora[{i}]"
+        if not CORPUS_NAME.fullmatch(corpus.name):
+            raise ConfigError(f"{where}.name must be a name of letters, digits, '_', '.' or '-', got {corpus.name!r}")
+        if corpus.name in names:
+            raise ConfigError(f"{where}.name: two corpora are called {corpus.name!r}")
+        names.add(corpus.name)
+        _check_source(corpus, f"{where}.")
+        if corpus.tag and (not CORPUS_TAG.fullmatch(corpus.tag) or corpus.tag in SPECIAL_PIECES):
+            raise ConfigError(f"{where}.tag must be up to 32 characters without spaces or commas and not one of "
+                              f"{', '.join(SPECIAL_PIECES)}, got {corpus.tag!r}")
 
 
 def _check_reused_vocab(vocab: VocabConfig) -> None:
@@ -424,7 +516,7 @@ def validate(cfg: Config) -> Config:
     if m.preset:
         if m.preset not in PRESETS:
             raise ConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}")
-    _check_source(cfg.data)
+    _check_data(cfg.data)
     _check_ranges(cfg)
     _check_betas(cfg)
     _check_arch_keys(m)

@@ -63,6 +63,9 @@ WIDTH = Bound(1, MAX_DIM)
 
 RANGES: dict[str, Bound] = {
     "data.max_train_pairs": OPTIONAL_COUNT, "data.dev_size": OPTIONAL_COUNT, "data.test_size": OPTIONAL_COUNT,
+    "data.corpora.max_train_pairs": OPTIONAL_COUNT, "data.corpora.dev_size": OPTIONAL_COUNT,
+    "data.corpora.test_size": OPTIONAL_COUNT,
+    "data.corpora.weight": Bound(0, 1000, low_open=True),  # x its pairs per epoch: 0 would leave it out
     "data.clean.max_len": Bound(0, 1_000_000), "data.clean.max_ratio": Bound(0, 1000),
     "vocab.size": Bound(8, 1_000_000),  # the 4 specials plus a few pieces; SentencePiece's own ceiling is far above
     "vocab.character_coverage": Bound(0, 1, low_open=True),

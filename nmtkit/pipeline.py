@@ -55,7 +55,8 @@ def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_di
 
     sources = read_lines(prepared_file(WorkDir.of(cfg).text(split, cfg.data.src_lang)))
     options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device)  # one line each to score
-    stamp = _stamp(meta.get("weights_sha256"), dataclasses.asdict(options), len(sources))
+    settings = {k: v for k, v in dataclasses.asdict(options).items() if k != "target_lang"}  # never set here:
+    stamp = _stamp(meta.get("weights_sha256"), settings, len(sources))  # older stamps stay valid
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
     if hyp_path.is_file() and done.get("stamp") == stamp:

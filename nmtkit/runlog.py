@@ -59,7 +59,7 @@ def check_resume_settings(cfg, run_dir: Path, console) -> None:
         raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
                           f"use --restart to train a new model")
     defaults = json.loads(json.dumps(type(cfg)().to_dict()))  # a key added since: the saved run used its default
-    for section in ("train", "vocab"):
+    for section in ("train", "vocab", "data"):  # data: what resume may change is corpus weights
         old, new = {**defaults[section], **saved.get(section, {})}, json.loads(json.dumps(now[section]))
         for key in sorted(new):
             if old.get(key) != new[key]:

@@ -108,9 +108,20 @@ def reversal_spm(tmp_path_factory) -> Path:
 def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
     """A d-32 Transformer trained for a few seconds on reversal (outputs vary with the input
     and end in EOS, unlike a random model's), saved as a model directory."""
+    from nmtkit.config import ModelConfig
+
+    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      max_positions=64, **model)
+    return fit_tiny(cfg, spm, out_dir, reversal_pairs(steps * 16, 1, length=6), label_smoothing=0.1,
+                    meta={"note": "reversal test model"})
+
+
+def fit_tiny(cfg, spm: Path, out_dir: Path, pairs: list[tuple[str, str]], label_smoothing: float = 0.0,
+             meta: dict | None = None) -> Path:
+    """A model of ``cfg`` (seed 0) trained by Adam (3e-3) on ``pairs``, 16 a batch, one pass;
+    saved as a model directory over the joint SentencePiece model ``spm``."""
     import torch
 
-    from nmtkit.config import ModelConfig
     from nmtkit.data.vocab import Vocab
     from nmtkit.decoding.batching import pad_sources
     from nmtkit.specials import BOS, EOS
@@ -118,24 +129,21 @@ def train_tiny(spm: Path, out_dir: Path, steps: int = 150, **model) -> Path:
     from nmtkit.modeldir import save_model_dir
     from nmtkit.training.loss import label_smoothed_loss
 
-    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
-                      max_positions=64, **model)
     vocab = Vocab(spm)
     torch.manual_seed(0)
     net = build_model(cfg, len(vocab), len(vocab))
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
-    pairs = reversal_pairs(steps * 16, 1, length=6)
-    for step in range(steps):
-        batch = pairs[step * 16:(step + 1) * 16]
+    for start in range(0, len(pairs) - 15, 16):
+        batch = pairs[start:start + 16]
         src, src_mask = pad_sources([vocab.encode(s) for s, _ in batch])
         tgt = [vocab.encode(t) for _, t in batch]
         tgt_in, _ = pad_sources([[BOS] + t for t in tgt])
         tgt_out, keep = pad_sources([t + [EOS] for t in tgt])
-        loss, _ = label_smoothed_loss(net(src, src_mask, tgt_in), tgt_out, 0.1)
+        loss, _ = label_smoothed_loss(net(src, src_mask, tgt_in), tgt_out, label_smoothing)
         optimizer.zero_grad()
         (loss / keep.sum()).backward()
         optimizer.step()
-    return save_model_dir(net.eval(), cfg, out_dir, spm, spm, {"note": "reversal test model"})
+    return save_model_dir(net.eval(), cfg, out_dir, spm, spm, meta)
 
 
 def cli_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

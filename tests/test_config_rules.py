@@ -186,10 +186,15 @@ def test_any_value_for_any_key_loads_or_is_a_config_error(key, value):
             assert "\n" not in str(err)
             continue
         for dotted in NUMERIC_KEYS:  # whatever loaded is within its range
-            node = cfg
-            for part in dotted.split("."):
-                node = getattr(node, part)
-            assert math.isfinite(node) and RANGES[dotted].problem(node) is None
+            for node in leaves(cfg, dotted.split(".")):
+                assert math.isfinite(node) and RANGES[dotted].problem(node) is None
+
+
+def leaves(node, parts: list[str]) -> list:
+    """The values at dotted ``parts`` under ``node``: one per entry through a list of sections (data.corpora)."""
+    if isinstance(node, list):
+        return [value for entry in node for value in leaves(entry, parts)]
+    return leaves(getattr(node, parts[0]), parts[1:]) if parts else [node]
 
 
 # --- no key without an effect (Done when) ------------------------------------------------------

@@ -139,7 +139,7 @@ def test_rerun_does_no_work(recipe, tmp_path, monkeypatch):
     run(recipe)
     before = snapshot(tmp_path / "work")
     calls = []
-    for name in ("read_corpus", "train_spm", "length_filter"):
+    for name in ("CorpusStream", "train_spm", "length_filter"):  # reading the source(s), SentencePiece, encoding
         monkeypatch.setattr(prep, name, lambda *a, _name=name, **k: calls.append(_name))
     summary, printed = run(recipe)
     assert calls == []

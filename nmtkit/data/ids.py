@@ -26,6 +26,7 @@ class ParallelIds:
     src_offsets: np.ndarray  # int64 [N + 1]
     tgt: np.ndarray
     tgt_offsets: np.ndarray
+    corpus: Optional[np.ndarray] = None  # int [N]: which of data.corpora each pair comes from (None: one corpus)
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -39,7 +40,8 @@ class ParallelIds:
     def digest(self) -> str:
         """sha256 of the ids themselves (not of the .npz, whose zip headers carry times)."""
         digest = hashlib.sha256()
-        for array in (self.src, self.src_offsets, self.tgt, self.tgt_offsets):
+        arrays = (self.src, self.src_offsets, self.tgt, self.tgt_offsets)
+        for array in arrays + ((self.corpus,) if self.corpus is not None else ()):
             digest.update(f"{array.dtype.str}{array.shape}".encode())
             digest.update(np.ascontiguousarray(array).data)
         return digest.hexdigest()
@@ -59,13 +61,16 @@ def flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, offsets
 
 
-def save_split(path: str | Path, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
+def save_split(path: str | Path, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]],
+               corpus: Optional[np.ndarray] = None) -> None:
+    """Write a split; ``corpus`` (one int per pair) tells several training corpora apart."""
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} source vs {len(tgt)} target sentences")
     src_flat, src_off = flatten(src)
     tgt_flat, tgt_off = flatten(tgt)
     with atomic_open(path, "wb") as handle:
-        np.savez(handle, src=src_flat, src_offsets=src_off, tgt=tgt_flat, tgt_offsets=tgt_off)
+        extra = {} if corpus is None else {"corpus": np.asarray(corpus, dtype=np.int32)}
+        np.savez(handle, src=src_flat, src_offsets=src_off, tgt=tgt_flat, tgt_offsets=tgt_off, **extra)
 
 
 def prepared_file(path: Path) -> Path:
@@ -87,7 +92,8 @@ def load_split(path: str | Path, vocab_sizes: Optional[tuple[int, int]] = None) 
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ValueError("not an .npz archive")
         with data:
-            ids = ParallelIds(data["src"], data["src_offsets"], data["tgt"], data["tgt_offsets"])
+            ids = ParallelIds(data["src"], data["src_offsets"], data["tgt"], data["tgt_offsets"],
+                              data["corpus"] if "corpus" in data.files else None)
         _check_layout(ids)
         for side, size in zip(("src", "tgt"), vocab_sizes or ()):
             flat = getattr(ids, side)
@@ -111,3 +117,7 @@ def _check_layout(ids: ParallelIds) -> None:
             raise ValueError(f"{side}_offsets do not index the {len(flat)} {side} ids")
     if len(ids.src_offsets) != len(ids.tgt_offsets):
         raise ValueError(f"{len(ids.src_offsets) - 1} source vs {len(ids.tgt_offsets) - 1} target sentences")
+    corpus = ids.corpus
+    if corpus is not None and (corpus.shape != (len(ids),) or corpus.dtype.kind not in "iu"
+                               or (len(corpus) and int(corpus.min()) < 0)):
+        raise ValueError(f"corpus: expected one corpus number per pair, got {corpus.dtype}{corpus.shape}")

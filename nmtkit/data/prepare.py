@@ -34,12 +34,15 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
+
 from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, load_config, save_config
-from nmtkit.data.clean import RULES, TextFilter, length_filter
+from nmtkit.data.clean import RULES, length_filter
+from nmtkit.data.corpora import CorpusStream
 from nmtkit.data.encoder import Encoder
 from nmtkit.data.identity import changes, identity, read_record
-from nmtkit.data.sources import fingerprint, read_corpus
+from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.vocab import Vocab, reused_models, spm_files, train_spm
 from nmtkit.errors import ConfigError, DataError, NmtkitError
@@ -157,34 +160,37 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-# --- fetch: read the source, text rules, write dev/test/train.prefilter ------------------------
+# --- fetch: read the source(s), text rules, write dev/test/train.prefilter ----------------------
 
 def _fetch_inputs(cfg: Config) -> dict:
     data = cfg.data
+    if data.corpora:
+        corpora = [{"name": c.name, "tag": c.tag, "source": c.source, "langs": [c.src_lang, c.tgt_lang],
+                    "max_train_pairs": c.max_train_pairs, "input": fingerprint(c)} for c in data.training_sources()]
+        return {"format": FORMAT, "langs": [data.src_lang, data.tgt_lang], "dedup": data.clean.dedup,
+                "corpora": corpora}
     return {"format": FORMAT, "source": data.source, "langs": [data.src_lang, data.tgt_lang],
             "max_train_pairs": data.max_train_pairs, "dedup": data.clean.dedup, "input": fingerprint(data)}
 
 
 def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
     data = cfg.data
-    with console.terminal_bar(f"reading {data.source} data", None):
-        corpus = read_corpus(data)
+    with console.terminal_bar(f"reading {data.source or 'the corpora'} data", None):
+        corpora = CorpusStream(data)
     for split in ("dev", "test"):
-        if not getattr(corpus, split):
-            raise DataError(f"the {split} split of the {data.source} data is empty")
+        if not getattr(corpora, split):
+            raise DataError(f"the {split} split of the {corpora.name} data is empty")
     files = {}
     for split in ("dev", "test"):
-        files.update(_write_pairs(out, split, data, getattr(corpus, split)))
-    train, total = corpus.train, corpus.train_size
-    if data.max_train_pairs > 0:
-        train = itertools.islice(train, data.max_train_pairs)
-        total = min(total or data.max_train_pairs, data.max_train_pairs)
-    text_filter = TextFilter(dedup=data.clean.dedup, heldout=corpus.dev + corpus.test)
-    with console.terminal_bar("cleaning training pairs", total) as advance:
-        files.update(_write_pairs(out, "train.prefilter", data, text_filter(_counting(train, advance))))
+        files.update(_write_pairs(out, split, data, getattr(corpora, split)))
+    with console.terminal_bar("cleaning training pairs", corpora.total) as advance:
+        files.update(_write_pairs(out, "train.prefilter", data, corpora.train(advance)))
     if not files[f"train.prefilter.{data.src_lang}"]["lines"]:
-        raise DataError(f"no training pairs left after cleaning ({_counts_text(text_filter.counts)})")
-    report = {"source": data.source, "provenance": corpus.provenance, "cleaning": text_filter.counts, "files": files}
+        raise DataError(f"no training pairs left after cleaning ({_counts_text(corpora.filter.counts)})")
+    report = {"source": data.source or "corpora", "provenance": corpora.provenance,
+              "cleaning": corpora.filter.counts, "files": files}
+    if data.corpora:
+        report["corpora"] = corpora.counts
     return report, list(files)
 
 
@@ -203,12 +209,6 @@ def _write_pairs(out: Path, stem: str, data, pairs: Iterable[Pair]) -> dict[str,
     return {name: {"lines": lines, "sha256": digest.hexdigest()} for name, digest in zip(names, digests)}
 
 
-def _counting(items: Iterable, advance: Callable[[int], None]) -> Iterator:
-    for item in items:
-        advance(1)
-        yield item
-
-
 def _read_text(*paths: Path) -> Iterator[str]:
     """Lines of files nmtkit wrote itself (UTF-8, one sentence a line)."""
     for path in paths:
@@ -223,12 +223,14 @@ def _spm_inputs(cfg: Config, fetch: dict) -> dict:
     vocab = cfg.vocab
     if vocab.from_:  # the reused models themselves, whatever text they were trained on
         models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
-        return {"format": FORMAT, "from": {name: sha256_file(path) for name, path in models.items()},
-                "size": vocab.size}
-    settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
-                                                     "input_sentence_size")}
-    train = {name: info["sha256"] for name, info in fetch["files"].items() if name.startswith("train.prefilter.")}
-    return {"format": FORMAT, "vocab": settings, "train": train}
+        inputs = {"format": FORMAT, "from": {name: sha256_file(path) for name, path in models.items()},
+                  "size": vocab.size}
+    else:
+        settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
+                                                         "input_sentence_size")}
+        train = {name: info["sha256"] for name, info in fetch["files"].items() if name.startswith("train.prefilter.")}
+        inputs = {"format": FORMAT, "vocab": settings, "train": train}
+    return {**inputs, "tags": cfg.data.tags} if cfg.data.tags else inputs  # reserved pieces of the source model
 
 
 def _make_vocab(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
@@ -252,21 +254,28 @@ def _train_vocab(cfg: Config, out: Path, console) -> list[str]:
     src_name, tgt_name = spm_files(vocab.joint)
     jobs = {src_name: texts} if vocab.joint else {src_name: texts[:1], tgt_name: texts[1:]}
     for name, paths in jobs.items():
-        with console.terminal_bar(f"SentencePiece {name}", None):
+        with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
             train_spm(_read_text(*paths), out / name, vocab.size, vocab.type, vocab.character_coverage,
-                      vocab.input_sentence_size)
+                      vocab.input_sentence_size, reserved=data.tags if name == src_name else ())
     return list(jobs)
 
 
 def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
-    """Copy the model(s) of ``vocab.from``; vocab.size must be theirs (the model is built from it)."""
+    """Copy the model(s) of ``vocab.from``: vocab.size must be theirs (the model is built from it)
+    and each corpus tag a reserved piece of the source model."""
     vocab = cfg.vocab
     models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
-    for name, source in models.items():
+    for source in models.values():
         size = len(Vocab(source))
         if size != vocab.size:
             raise ConfigError(f"vocab.size is {vocab.size} but {source} (vocab.from) has {size} pieces; "
                               f"set vocab.size: {size}")
+    src_model = models[spm_files(vocab.joint)[0]]
+    for tag in cfg.data.tags:
+        if not Vocab(src_model).is_reserved(tag):
+            raise ConfigError(f"the corpus tag {tag} is not a reserved piece of {src_model} (vocab.from): "
+                              f"reuse a model trained with that tag, or train a new vocabulary")
+    for name, source in models.items():
         with atomic_open(out / name, "wb") as handle:
             handle.write(source.read_bytes())
         (out / name).with_suffix(".vocab").unlink(missing_ok=True)  # a trained model's piece list: not this one's
@@ -277,9 +286,12 @@ def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
 
 def _encode_inputs(cfg: Config, fetch: dict, spm: dict) -> dict:
     clean = cfg.data.clean
-    return {"format": FORMAT, "max_len": clean.max_len, "max_ratio": clean.max_ratio,
-            "models": {name: info["sha256"] for name, info in spm["models"].items()},
-            "text": {name: info["sha256"] for name, info in fetch["files"].items()}}
+    inputs = {"format": FORMAT, "max_len": clean.max_len, "max_ratio": clean.max_ratio,
+              "models": {name: info["sha256"] for name, info in spm["models"].items()},
+              "text": {name: info["sha256"] for name, info in fetch["files"].items()}}
+    if "corpora" in fetch:  # where each corpus starts in the text
+        inputs["corpora"] = [corpus["kept"] for corpus in fetch["corpora"]]
+    return inputs
 
 
 def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
@@ -300,7 +312,8 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
                         f"see data.clean.max_len and data.clean.max_ratio)")
     kept = itertools.compress(zip(*(_read_text(out / f"train.prefilter.{lang}") for lang in langs)), keep)
     files = _write_pairs(out, "train", data, kept)
-    save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep))
+    corpus, by_corpus = _corpus_of_pairs(fetch, src, tgt, clean, keep)
+    save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep), corpus)
     tokens["train"], pairs["train"] = {"src": src.tokens(keep), "tgt": tgt.tokens(keep)}, int(keep.sum())
     unknown = {"train": {"src": src.unknown(keep), "tgt": tgt.unknown(keep)}}
     with Encoder(1) as encoder:
@@ -311,7 +324,23 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
             tokens[split], pairs[split] = {"src": src.tokens(), "tgt": tgt.tokens()}, len(src.lengths)
             unknown[split] = {"src": src.unknown(), "tgt": tgt.unknown()}
     report = {"cleaning": counts, "pairs": pairs, "tokens": tokens, "unknown": unknown, "files": files}
+    if by_corpus is not None:
+        report["corpora"] = by_corpus
     return report, [*files, *(f"{split}.npz" for split in SPLITS)]
+
+
+def _corpus_of_pairs(fetch: dict, src, tgt, clean, keep: np.ndarray) -> tuple:
+    """The corpus of each kept training pair, and what the length rules dropped of each corpus
+    ((None, None) for one source). The fetch wrote the corpora one after another."""
+    if "corpora" not in fetch:
+        return None, None
+    sizes = [corpus["kept"] for corpus in fetch["corpora"]]
+    ends = np.cumsum(sizes)
+    counts = []
+    for start, end in zip(ends - sizes, ends):
+        _, dropped = length_filter(src.lengths[start:end], tgt.lengths[start:end], clean.max_len, clean.max_ratio)
+        counts.append({**dropped, "kept": int(keep[start:end].sum())})
+    return np.repeat(np.arange(len(sizes)), sizes)[keep], counts
 
 
 # --- manifest and summary ----------------------------------------------------------------------
@@ -338,7 +367,15 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
         "tokens": encoded["tokens"],
         # <unk> ids per split and side (stamps of an older nmtkit lack them until the next encode)
         **({"unknown": encoded["unknown"]} if "unknown" in encoded else {}),
+        **({"corpora": _corpora_counts(fetch["corpora"], encoded["corpora"])} if "corpora" in encoded else {}),
     }
+
+
+def _corpora_counts(fetched: list[dict], encoded: list[dict]) -> list[dict]:
+    """Per corpus: its name, source and tag, pairs read, dropped by each rule, and kept."""
+    return [{"name": text["name"], "source": text["source"], "tag": text["tag"], "read": text["read"],
+             "dropped": {rule: {**text, **lengths}[rule] for rule in RULES}, "kept": lengths["kept"]}
+            for text, lengths in zip(fetched, encoded)]
 
 
 def _print_summary(console, manifest: dict, status: dict, out: Path) -> None:
@@ -355,6 +392,10 @@ def _print_summary(console, manifest: dict, status: dict, out: Path) -> None:
         tokens = manifest["tokens"][split]
         table.add_row(split, f"{manifest['splits'][split]['pairs']:,}", f"{tokens['src']:,}", f"{tokens['tgt']:,}")
     console.info(table)
+    for corpus in manifest.get("corpora", []):
+        dropped_text = _counts_text({rule: count for rule, count in corpus["dropped"].items() if count}) or "none"
+        console.info(f"corpus {corpus['name']}" + (f" (tag {corpus['tag']})" if corpus["tag"] else "") +
+                     f": read {corpus['read']:,}, kept {corpus['kept']:,}; dropped: {dropped_text}")
     dropped = {reason: count for reason, count in manifest["provenance"].get("dropped_verses", {}).items() if count}
     if dropped:
         console.info("verses not paired: " + _counts_text(dropped))

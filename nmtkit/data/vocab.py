@@ -6,6 +6,7 @@ pad=0, unk=1, bos=2, eos=3 (``nmtkit.specials``). A joint model is one file,
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -13,7 +14,19 @@ from typing import Iterable, Sequence
 from nmtkit.checksums import verify
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import shown_path
-from nmtkit.specials import EOS, PAD, SPM_SPECIAL_IDS
+from nmtkit.specials import EOS, PAD, SPM_SPECIAL_IDS, UNK
+
+TARGET_TAG = re.compile(r"<2[^\s>]+>")  # a target-language tag: <2es> asks for Spanish
+
+
+def target_tag(lang: str) -> str:
+    return f"<2{lang}>"
+
+
+def with_tag(text: str, tag: str) -> str:
+    """A source sentence with ``tag`` and a space before it (unchanged without a tag): how a corpus
+    tag goes into training text, and a target-language tag into text to translate."""
+    return f"{tag} {text}" if tag else text
 
 
 class Vocab:
@@ -48,6 +61,17 @@ class Vocab:
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.sp.IdToPiece(int(i)) for i in ids]
 
+    def is_reserved(self, piece: str) -> bool:
+        """Whether ``piece`` is one piece wherever it appears (a tag reserved when the model was
+        trained; a learned piece would merge with its neighbours, or be split)."""
+        piece_id = self.sp.PieceToId(piece)
+        return piece_id != UNK and self.sp.EncodeAsIds(f"x{piece}x").count(piece_id) == 1
+
+    def target_tags(self) -> list[str]:
+        """The reserved target-language tags of a multilingual model (<2es>, ...), in id order."""
+        pieces = (self.sp.IdToPiece(i) for i in range(len(self)))
+        return [piece for piece in pieces if TARGET_TAG.fullmatch(piece) and self.is_reserved(piece)]
+
     def normalize(self, text: str) -> str:
         """The text as SentencePiece normalises it (what decode(encode(x)) returns)."""
         return self.sp.DecodeIds(self.sp.EncodeAsIds(text))
@@ -59,8 +83,10 @@ def spm_files(joint: bool) -> tuple[str, str]:
 
 
 def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, model_type: str = "unigram",
-              character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1) -> None:
-    """Train a SentencePiece model on ``texts`` and write ``model_path`` atomically.
+              character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1,
+              reserved: Sequence[str] = ()) -> None:
+    """Train a SentencePiece model on ``texts`` and write ``model_path`` atomically. ``reserved``
+    pieces (corpus tags) are user-defined symbols: always one piece, never split or merged.
 
     ``vocab_size`` is a hard limit: SentencePiece fails on small corpora that cannot fill
     it, and we turn that into a one-line error suggesting a smaller ``vocab.size``.
@@ -82,6 +108,7 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
                 input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
                 character_coverage=character_coverage, input_sentence_size=input_sentence_size,
                 shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1, **SPM_SPECIAL_IDS,
+                **({"user_defined_symbols": list(reserved)} if reserved else {}),
             )
         except RuntimeError as err:
             raise DataError(f"SentencePiece training failed: {str(err).splitlines()[-1]} "

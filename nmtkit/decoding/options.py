@@ -5,6 +5,7 @@ sampling, engine). No torch here, so the CLI can take its defaults from these da
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from nmtkit.config import DECODE_SETTINGS, DecodeConfig
@@ -16,6 +17,7 @@ NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS},
                    **{name: f"translate.{name}" for name in ("nbest", "topk", "topp", "temperature", "seed")}}
 
 ENGINES = ("auto", "torch", "ctranslate2")
+LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the xx of a <2xx> tag
 
 
 @dataclass
@@ -37,6 +39,7 @@ class TranslateOptions(DecodeConfig):
     errors: str = "strict"  # invalid UTF-8: strict (error) | replace
     engine: str = "auto"  # auto (from the model directory) | torch | ctranslate2
     compile: bool = False  # torch.compile the decoder step (torch engine)
+    target_lang: str = ""  # a multilingual model: translate into this language (its tag <2xx> goes first)
 
     @classmethod
     def from_decode(cls, decode: DecodeConfig, **settings) -> "TranslateOptions":
@@ -54,6 +57,8 @@ class TranslateOptions(DecodeConfig):
             problems.append(f"--errors must be strict or replace, not {self.errors!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
             problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
+        if self.target_lang and not LANGUAGE.fullmatch(self.target_lang):
+            problems.append(f"--target-lang must be a language code such as es or pt_BR, not {self.target_lang!r}")
         for name, key in NUMERIC_OPTIONS.items():  # the recipe's ranges (nmtkit/limits.py), named as flags
             problem = range_problem(key, getattr(self, name), "--" + name.replace("_", "-"))
             if problem:

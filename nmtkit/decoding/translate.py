@@ -13,11 +13,13 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from nmtkit.data.vocab import target_tag, with_tag
 from nmtkit.decoding.batching import pad_sources, token_batches
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.torch_engine import TorchEngine
+from nmtkit.errors import ConfigError
 
 # characters that would split an output line for some reader (tab separates fields)
 _LINE_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
@@ -34,6 +36,7 @@ class Translator:
         self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
         self.max_positions = engine.max_positions  # longer inputs are truncated
         self.truncated = 0
+        self.tag = _target_tag(self.src_vocab, options.target_lang)  # "" unless --target-lang
 
     def translate(self, lines: Sequence[str], first_index: int = 0,
                   progress: Optional[Callable[[int], None]] = None,
@@ -69,7 +72,7 @@ class Translator:
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids per line ([] for blank lines), cut to the model's positions."""
-        sources = self.src_vocab.encode_batch([line if line.strip() else "" for line in lines])
+        sources = self.src_vocab.encode_batch([with_tag(line, self.tag) if line.strip() else "" for line in lines])
         limit = self.max_positions
         if limit is not None:
             self.truncated += sum(len(ids) > limit for ids in sources)
@@ -114,6 +117,19 @@ def batch_targets(targets: Optional[tuple[list, list]], positions: list[int]) ->
     if any(constraints[i] for i in positions):
         found["constraints"] = [constraints[i] for i in positions]
     return found
+
+
+def _target_tag(src_vocab, lang: str) -> str:
+    """The tag that asks a multilingual model for ``lang`` (<2es>), which its source vocabulary
+    must hold as a reserved piece, as training put it there; "" for no language."""
+    if not lang:
+        return ""
+    tag = target_tag(lang)
+    if not src_vocab.is_reserved(tag):
+        tags = src_vocab.target_tags()
+        known = f"its tags: {', '.join(tags)}" if tags else "it has none: a model of one direction"
+        raise ConfigError(f"--target-lang {lang}: the model has no target-language tag {tag} ({known})")
+    return tag
 
 
 def alignment_pairs(hyp: Hypothesis, src_pieces: int) -> str:

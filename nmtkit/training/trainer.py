@@ -23,6 +23,7 @@ from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.identity import changes, identity, read_record, write_record
 from nmtkit.data.ids import load_split, prepared_file
+from nmtkit.data.mixing import corpus_weights, epoch_pairs
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.device import autocast, resolve_device, resolve_dtype
@@ -159,6 +160,8 @@ class Trainer:
             raise DataError(f"{work.ids('train')} holds no sentence pairs")
         # sentence lengths, computed once: every update needs its batches' target tokens
         self.src_lengths, self.tgt_lengths = self.train_data.src_lengths(), self.train_data.tgt_lengths()
+        # several corpora: each epoch's pairs chosen by weight (data/mixing.py); None: every pair once
+        self.corpus_weights = corpus_weights(self.train_data.corpus, cfg.data.corpora, work.ids("train"))
         self.sampler = None  # subword regularisation: the training ids re-segmented every epoch
         if cfg.train.subword_alpha > 0:
             from nmtkit.data.subword_sampling import SubwordSampler
@@ -280,7 +283,7 @@ class Trainer:
             else:  # this epoch's segmentation, its lengths computed once for the epoch
                 data = self.sampler.epoch(epoch)
                 src_lengths, tgt_lengths = data.src_lengths(), data.tgt_lengths()
-            batches = make_batches(src_lengths, tgt_lengths, t.max_tokens, t.seed, epoch)
+            batches = self._epoch_batches(src_lengths, tgt_lengths, epoch)
             if len(batches) < per_update:
                 raise ConfigError(f"an update takes {per_update} batches but an epoch has only {len(batches)}; "
                                   f"lower train.max_tokens or the batches per update")
@@ -289,6 +292,15 @@ class Trainer:
             epoch, skip = epoch + 1, 0
             if t.max_epochs and epoch >= t.max_epochs:
                 return
+
+    def _epoch_batches(self, src_lengths, tgt_lengths, epoch: int) -> list:
+        """Index arrays of the epoch's batches, over the pairs its corpus weights choose."""
+        t = self.cfg.train
+        if self.corpus_weights is None:
+            return make_batches(src_lengths, tgt_lengths, t.max_tokens, t.seed, epoch)
+        chosen = epoch_pairs(self.train_data.corpus, self.corpus_weights, t.seed, epoch)
+        return [chosen[batch] for batch in make_batches(src_lengths[chosen], tgt_lengths[chosen], t.max_tokens,
+                                                         t.seed, epoch)]
 
     def _step(self, epoch_data, group) -> tuple[Optional[torch.Tensor], torch.Tensor, int]:
         """One optimizer update over this rank's micro-batches of ``group``, indices into the

@@ -1,10 +1,10 @@
 """Where parallel data comes from: local text files, HuggingFace ``datasets``, SWORD Bibles.
 
-Every source turns a ``DataConfig`` into a ``Corpus``: training pairs (a list, or a lazy
-iterator so that a large corpus streams), dev and test pairs as lists, and a JSON-able
-``provenance`` record for the manifest. ``fingerprint`` names what a fetch depends on
-(config fields, input file sizes and times, module versions) without reading the data,
-so ``prepare`` can tell cheaply whether its fetched copy is stale.
+Every source turns a ``SourceConfig`` (``data``, or one of ``data.corpora``) into a ``Corpus``:
+training pairs (a list, or a lazy iterator so that a large corpus streams), dev and test pairs
+as lists, and a JSON-able ``provenance`` record for the manifest. ``fingerprint`` names what a
+fetch depends on (config fields, input file sizes and times, module versions) without reading
+the data, so ``prepare`` can tell cheaply whether its fetched copy is stale.
 """
 from __future__ import annotations
 

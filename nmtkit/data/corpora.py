@@ -1,0 +1,76 @@
+"""The training corpora of a recipe read as one stream for ``prepare``: ``data`` itself (one
+untagged corpus) or each of ``data.corpora`` in order, with its tag before every source sentence.
+
+Each corpus is read as a whole source (its own dev and test too), and all of them pass through
+one ``TextFilter``, so a pair is kept once across corpora (in the first corpus that has it) and
+no corpus trains on a dev or test pair of any corpus, either way round (a reverse-direction
+corpus holds the test verses reversed). The filter sees the text without tags; the tag is put
+before the kept source sentence. Dev and test are the first corpus's, its tag on their sources,
+so a multilingual model is validated as it will be asked to translate.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterator, Optional
+
+from nmtkit.data.clean import TextFilter
+from nmtkit.data.sources import read_corpus
+from nmtkit.data.sources.corpus import Pair
+from nmtkit.data.vocab import with_tag
+
+
+class CorpusStream:
+    """The recipe's corpora, read; ``train()`` streams their cleaned, tagged training pairs and
+    fills ``counts`` (per corpus: what each text rule dropped, and what it kept)."""
+
+    def __init__(self, data) -> None:
+        self.sources = data.training_sources()
+        self.corpora = [read_corpus(source) for source in self.sources]
+        first, tag = self.corpora[0], self.sources[0].tag
+        self.dev, self.test = ([(with_tag(src, tag), tgt) for src, tgt in pairs] for pairs in (first.dev, first.test))
+        heldout = [pair for corpus in self.corpora for pair in corpus.dev + corpus.test]
+        if len(self.corpora) > 1:
+            heldout += [(tgt, src) for src, tgt in heldout]
+        self.filter = TextFilter(dedup=data.clean.dedup, heldout=heldout)
+        self.counts: list[dict] = []
+
+    @property
+    def name(self) -> str:
+        """What the dev and test sets come from."""
+        return self.sources[0].source if len(self.sources) == 1 else f"{self.sources[0].name} corpus"
+
+    @property
+    def provenance(self) -> dict:
+        if len(self.sources) == 1:
+            return self.corpora[0].provenance
+        return {source.name: corpus.provenance for source, corpus in zip(self.sources, self.corpora)}
+
+    @property
+    def total(self) -> Optional[int]:
+        """Training pairs to read, when every source knows its size (for the progress bar)."""
+        sizes = []
+        for source, corpus in zip(self.sources, self.corpora):
+            size = corpus.train_size
+            if source.max_train_pairs > 0:
+                size = min(size or source.max_train_pairs, source.max_train_pairs)
+            sizes.append(size)
+        return None if None in sizes else sum(sizes)
+
+    def train(self, advance: Callable[[int], None] = lambda n: None) -> Iterator[Pair]:
+        for source, corpus in zip(self.sources, self.corpora):
+            pairs = corpus.train
+            if source.max_train_pairs > 0:
+                pairs = itertools.islice(pairs, source.max_train_pairs)
+            before, kept = dict(self.filter.counts), 0
+            for src, tgt in self.filter(_counting(pairs, advance)):
+                kept += 1
+                yield with_tag(src, source.tag), tgt
+            dropped = {rule: count - before[rule] for rule, count in self.filter.counts.items()}
+            self.counts.append({"name": source.name, "source": source.source, "tag": source.tag, **dropped,
+                                "kept": kept})
+
+
+def _counting(items, advance: Callable[[int], None]) -> Iterator:
+    for item in items:
+        advance(1)
+        yield item

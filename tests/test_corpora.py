@@ -1,0 +1,251 @@
+"""Several training corpora with weights and tags, and multilingual models (issue 17, items 2-3)."""
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SYMBOLS, cli_in_process, fit_tiny, tiny_recipe
+from nmtkit.config import from_dict, load_config
+from nmtkit.console import NmtConsole
+from nmtkit.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def quiet_console() -> NmtConsole:
+    return NmtConsole(0, file=io.StringIO(), width=400)
+
+
+# --- recipe rules ------------------------------------------------------------------------------
+
+def corpus(name: str, **keys) -> dict:
+    return {"name": name, "source": "files", **keys}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"source": "files", "corpora": [corpus("a")]},
+     "data.source is a key of one source, but data.corpora lists the sources; set it on a corpus"),
+    ({"dev_size": 10, "corpora": [corpus("a")]}, "data.dev_size is a key of one source"),
+    ({"corpora": [corpus("a"), corpus("a")]}, "data.corpora[1].name: two corpora are called 'a'"),
+    ({"corpora": [corpus("")]}, "data.corpora[0].name must be a name of letters"),
+    ({"corpora": [corpus("a", source="")]}, "data.corpora[0].source is missing; choose one of files, hf, sword"),
+    ({"corpora": [corpus("a", sword_src="x")]},
+     "data.corpora[0].sword_src belongs to data.corpora[0].source=sword, but data.corpora[0].source is files"),
+    ({"corpora": [corpus("a"), corpus("b", weight=0)]}, "data.corpora[1].weight must be in (0, 1000], got 0.0"),
+    ({"corpora": [corpus("a", weight=float("nan"))]}, "data.corpora[0].weight must be a finite number"),
+    ({"corpora": [corpus("a", tag="<2 es>")]}, "data.corpora[0].tag must be up to 32 characters without spaces"),
+    ({"corpora": [corpus("a", tag="</s>")]}, "data.corpora[0].tag must be up to 32 characters"),
+    ({"corpora": [corpus("a", colour="red")]}, "unknown config key data.corpora[0].colour; valid keys under"),
+    ({"corpora": ["a"]}, "data.corpora[0]: expected a mapping, got 'a'"),
+    ({"corpora": {"a": {}}}, "data.corpora: expected a list of mappings"),
+])
+def test_corpora_are_checked_like_sources(data, message):
+    with pytest.raises(ConfigError) as raised:
+        from_dict({"data": data})
+    assert str(raised.value).startswith(message), str(raised.value)
+
+
+def test_corpora_take_the_data_languages_and_a_resolved_config_reloads():
+    cfg = from_dict({"data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": [
+        corpus("a", tag="<2x>", weight=2.5), corpus("b", src_lang="de", tag="<bt>")]}})
+    sources = cfg.data.training_sources()
+    assert [(s.name, s.src_lang, s.tgt_lang, s.weight) for s in sources] == [("a", "src", "tgt", 2.5),
+                                                                          ("b", "de", "tgt", 1.0)]
+    assert cfg.data.tags == ["<2x>", "<bt>"]
+    assert from_dict(cfg.to_dict()) == cfg
+    single = from_dict({"data": {"source": "files"}})
+    assert [(s.name, s.tag, s.weight) for s in single.data.training_sources()] == [("files", "", 1.0)]
+
+
+def test_the_bidirectional_recipe_loads_and_dry_runs(tmp_path, monkeypatch, capsys):
+    cfg = load_config(REPO / "recipes" / "quickstart-bidirectional.yaml")
+    assert [(c.name, c.sword_src, c.tag) for c in cfg.data.corpora] == [
+        ("en-es", "engWEB2015eb", "<2es>"), ("es-en", "spaRV1909eb", "<2en>")]
+    code, _, err = cli_in_process(monkeypatch, capsys, "train", str(REPO / "recipes" / "quickstart-bidirectional.yaml"),
+                                  "--dry-run", f"workdir={tmp_path}")
+    assert code == 0, err
+    assert "7,577,600" in err  # the quickstart's model: the same parameters
+
+
+# --- prepare: tags, per-corpus counts, corpus of each pair -------------------------------------
+
+def write_pairs(root: Path, name: str, pairs: list[tuple[str, str]]) -> dict:
+    paths = {}
+    for lang, side in (("src", 0), ("tgt", 1)):
+        paths[lang] = root / f"{name}.{lang}"
+        paths[lang].write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    return {lang: str(path) for lang, path in paths.items()}
+
+
+def sequences(n: int, seed: int, length: int = 5) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(SYMBOLS) for _ in range(length)) for _ in range(n)]
+
+
+def two_corpora(root: Path, weights=(1.0, 1.0)) -> dict:
+    """Corpus "rev" (reverse the symbols, tag <2r>) and corpus "copy" (tag <2c>), with a duplicate
+    across them, a test pair reversed in "copy", and an empty pair."""
+    rev = [(s, " ".join(s.split()[::-1])) for s in dict.fromkeys(sequences(80, 1))]
+    copy = [(s, s) for s in dict.fromkeys(sequences(60, 2))]
+    heldout = [(s, " ".join(s.split()[::-1])) for s in sequences(8, 3, length=6)]
+    copy_planted = copy + [rev[0], heldout[1][::-1], ("a b", "")]
+    files = {"rev": {"train": write_pairs(root, "rev.train", rev), "dev": write_pairs(root, "dev", heldout[:4]),
+                     "test": write_pairs(root, "test", heldout[4:])},
+             "copy": {"train": write_pairs(root, "copy.train", copy_planted),
+                      "dev": write_pairs(root, "dev", heldout[:4]), "test": write_pairs(root, "test", heldout[4:])}}
+    corpora = [{"name": "rev", "source": "files", "files": files["rev"], "tag": "<2r>", "weight": weights[0]},
+               {"name": "copy", "source": "files", "files": files["copy"], "tag": "<2c>", "weight": weights[1]}]
+    return {"name": "multi", "workdir": str(root / "work"),
+            "data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": corpora},
+            "vocab": {"size": 20, "workers": 1}, "_sizes": (len(rev), len(copy))}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from nmtkit.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("corpora")
+    recipe = two_corpora(root)
+    sizes = recipe.pop("_sizes")
+    console = quiet_console()
+    manifest = prepare(from_dict(recipe), console)
+    return recipe, manifest, sizes, console.file.getvalue()
+
+
+def test_prepare_counts_each_corpus_and_tags_its_sources(prepared):
+    from nmtkit.data.ids import load_split
+    from nmtkit.data.vocab import Vocab
+
+    recipe, manifest, (n_rev, n_copy), printed = prepared
+    empty = {"empty": 0, "duplicate": 0, "heldout": 0, "too_long": 0, "ratio": 0}
+    assert manifest["corpora"] == [
+        {"name": "rev", "source": "files", "tag": "<2r>", "read": n_rev, "dropped": empty, "kept": n_rev},
+        {"name": "copy", "source": "files", "tag": "<2c>", "read": n_copy + 3,
+         "dropped": {**empty, "empty": 1, "duplicate": 1, "heldout": 1}, "kept": n_copy}]
+    assert "corpus copy (tag <2c>): read 63, kept 60; dropped: empty 1, duplicate 1, heldout 1" in printed
+    out = Path(recipe["workdir"]) / "prepared"
+    sources = (out / "train.src").read_text().splitlines()
+    assert all(line.startswith("<2r> ") for line in sources[:n_rev])
+    assert all(line.startswith("<2c> ") for line in sources[n_rev:])
+    assert all(line.startswith("<2r> ") for line in (out / "dev.src").read_text().splitlines())
+    ids = load_split(out / "train.npz")
+    assert ids.corpus.tolist() == [0] * n_rev + [1] * n_copy
+    vocab = Vocab(out / "spm.model")
+    for i, line in enumerate(sources):  # the tag is one piece, the sentence's first
+        tag_id = vocab.sp.PieceToId(line.split()[0])
+        assert tag_id in ids.pair(i)[0].tolist()[:2] and vocab.encode(line) == ids.pair(i)[0].tolist()
+    assert vocab.is_reserved("<2r>") and vocab.is_reserved("<2c>") and not vocab.is_reserved("<2z>")
+    assert vocab.target_tags() == ["<2r>", "<2c>"]
+
+
+def test_epoch_pairs_follow_the_weights_exactly_and_reproducibly():
+    from nmtkit.data.mixing import epoch_pairs
+
+    corpus_ids = np.repeat([0, 1, 2], [100, 40, 7])
+    weights = [0.25, 2.5, 1.0]
+    first = epoch_pairs(corpus_ids, weights, seed=3, epoch=0)
+    assert np.bincount(corpus_ids[first]).tolist() == [25, 100, 7]
+    counts = np.bincount(first[corpus_ids[first] == 1], minlength=140)[100:]
+    assert sorted(set(counts.tolist())) == [2, 3] and (counts == 3).sum() == 20  # 2 copies + a distinct half
+    assert len(set(first[corpus_ids[first] == 0].tolist())) == 25
+    assert np.array_equal(first, epoch_pairs(corpus_ids, weights, seed=3, epoch=0))
+    assert not np.array_equal(first, epoch_pairs(corpus_ids, weights, seed=3, epoch=1))
+    assert np.array_equal(epoch_pairs(corpus_ids, [1, 1, 1], 3, 0), np.arange(147))  # weight 1: every pair once
+
+
+def test_an_epoch_of_training_batches_has_the_weighted_mix(prepared, tmp_path):
+    from nmtkit.data.mixing import epoch_pairs
+    from nmtkit.models.build import build_model
+    from nmtkit.training.trainer import Trainer, _vocabs
+
+    recipe, _, (n_rev, n_copy), _ = prepared
+    data = {**recipe["data"], "corpora": [{**recipe["data"]["corpora"][0], "weight": 0.5},
+                                          {**recipe["data"]["corpora"][1], "weight": 3.0}]}
+    cfg = from_dict({**tiny_recipe(Path(recipe["workdir"]), vocab={"size": 20}, model={"d_model": 16, "ffn_dim": 32},
+                                   train={"max_steps": 6, "save_every": 6, "validate_every": 6, "threads": 1}),
+                     "data": data})
+    src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    trainer = Trainer(cfg, quiet_console(), build_model(cfg.model, len(src_vocab), len(tgt_vocab)),
+                      torch.device("cpu"), torch.float32, src_path, tgt_path, src_vocab, tgt_vocab, tmp_path / "run")
+    batches = trainer._epoch_batches(trainer.src_lengths, trainer.tgt_lengths, epoch=0)
+    seen = np.concatenate(batches)
+    corpus_of = trainer.train_data.corpus[seen]
+    assert np.bincount(corpus_of).tolist() == [round(0.5 * n_rev), 3 * n_copy]
+    assert sorted(seen.tolist()) == sorted(epoch_pairs(trainer.train_data.corpus, [0.5, 3.0], cfg.train.seed, 0))
+    share = (corpus_of == 1).mean()
+    assert abs(share - 3 * n_copy / (3 * n_copy + 0.5 * n_rev)) < 0.01
+    from nmtkit.training.trainer import train
+
+    run_dir = train(cfg, quiet_console())  # and it trains, on the tagged dev set too
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000006"]
+
+
+def test_a_split_and_a_recipe_with_other_corpora_are_refused(prepared):
+    from nmtkit.data.ids import load_split
+    from nmtkit.data.mixing import corpus_weights
+    from nmtkit.errors import DataError
+
+    recipe, *_ = prepared
+    corpus_ids = load_split(Path(recipe["workdir"]) / "prepared" / "train.npz").corpus
+    with pytest.raises(DataError, match="prepared from 2 corpora but the recipe lists no data.corpora"):
+        corpus_weights(corpus_ids, [], "train.npz")
+    with pytest.raises(DataError, match="prepared from one corpora but the recipe lists 2"):
+        corpus_weights(None, from_dict({"data": recipe["data"]}).data.corpora, "train.npz")
+
+
+# --- multilingual: --target-lang ---------------------------------------------------------------
+
+def tagged_model(tmp_path: Path, steps: int = 400) -> Path:
+    """A tiny model trained on reversal (tag <2r>) and copying (tag <2c>) of the same inputs."""
+    from nmtkit.config import ModelConfig
+    from nmtkit.data.vocab import train_spm
+
+    spm = tmp_path / "spm.model"
+    train_spm(sequences(200, 0), spm, vocab_size=20, reserved=["<2r>", "<2c>"])
+    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                      max_positions=32)
+    pairs = [(f"<2r> {s}", " ".join(s.split()[::-1])) if i % 2 else (f"<2c> {s}", s)
+             for i, s in enumerate(sequences(steps * 16, 4, length=4))]
+    return fit_tiny(cfg, spm, tmp_path / "model", pairs)
+
+
+def test_target_lang_selects_the_direction(tmp_path):
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.decoding.translate import translate_lines
+    from nmtkit.modeldir import load_model_dir
+
+    loaded = load_model_dir(tagged_model(tmp_path))
+    lines = sequences(40, 99, length=4)
+    reversed_lines = [" ".join(line.split()[::-1]) for line in lines]
+    out = {lang: translate_lines([loaded], lines, TranslateOptions(beam_size=1, target_lang=lang, device="cpu"))
+           for lang in ("r", "c")}
+    exact = {lang: np.mean([hyp == ref for hyp, ref in zip(out[lang], refs)])
+             for lang, refs in (("r", reversed_lines), ("c", lines))}
+    assert exact["r"] >= 0.8 and exact["c"] >= 0.8, exact  # both 1.0 when written (2.7 s of training)
+    assert np.mean([a == b for a, b in zip(out["r"], out["c"])]) < 0.2  # the tag, not the input, decides
+
+
+def test_target_lang_errors_name_the_model_tags(tmp_path, reversal_spm, monkeypatch, capsys):
+    from conftest import train_tiny
+
+    model = tagged_model(tmp_path, steps=1)
+    text = tmp_path / "in.txt"
+    text.write_text("a b c\n")
+    code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(text), "--target-lang", "fr")
+    assert code == 2 and out == ""
+    assert err == ("nmtkit: error: --target-lang fr: the model has no target-language tag <2fr> "
+                                   "(its tags: <2r>, <2c>)\n")
+    plain = train_tiny(reversal_spm, tmp_path / "plain", steps=1)
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.decoding.translate import translate_lines
+    from nmtkit.modeldir import load_model_dir
+
+    with pytest.raises(ConfigError, match=r"no target-language tag <2es> \(it has none: a model of one direction\)"):
+        translate_lines([load_model_dir(plain)], ["a b"], TranslateOptions(target_lang="es", device="cpu"))
+    with pytest.raises(ConfigError, match="--target-lang must be a language code"):
+        TranslateOptions(target_lang="e s").validate()
