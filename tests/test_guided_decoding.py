@@ -267,6 +267,9 @@ def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, m
     code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--constraints",
                     str(constraints), "--sample")
     assert_error(code, err, 2, "--constraints needs beam search")
+    bad = write(tmp_path / "bad.jsonl", ['["a"'] + ["[]"] * 7)
+    code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--constraints", str(bad))
+    assert_error(code, err, 2, "bad.jsonl: line 1: not JSON")
     assert capsys.readouterr().out == ""
 
 
