@@ -249,3 +249,18 @@ def test_target_lang_errors_name_the_model_tags(tmp_path, reversal_spm, monkeypa
         translate_lines([load_model_dir(plain)], ["a b"], TranslateOptions(target_lang="es", device="cpu"))
     with pytest.raises(ConfigError, match="--target-lang must be a language code"):
         TranslateOptions(target_lang="e s").validate()
+
+
+def test_a_later_files_corpus_may_give_training_pairs_only(tmp_path):
+    from nmtkit.data.prepare import prepare
+
+    recipe = two_corpora(tmp_path)
+    recipe.pop("_sizes")
+    synthetic = [(s, s) for s in sequences(30, 7)]  # e.g. a back-translated corpus: no dev or test of its own
+    recipe["data"]["corpora"].append({"name": "bt", "source": "files", "tag": "<bt>",
+                                      "files": {"train": write_pairs(tmp_path, "bt.train", synthetic)}})
+    manifest = prepare(from_dict(recipe), quiet_console())
+    assert [(c["name"], c["read"]) for c in manifest["corpora"]] == [("rev", 80), ("copy", 63), ("bt", 30)]
+    first_without_heldout = {**recipe["data"], "corpora": recipe["data"]["corpora"][::-1]}
+    with pytest.raises(ConfigError, match="data.files.dev: missing"):  # the first corpus gives dev and test
+        prepare(from_dict({**recipe, "data": first_without_heldout}), quiet_console())

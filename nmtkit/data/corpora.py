@@ -14,9 +14,25 @@ import itertools
 from typing import Callable, Iterator, Optional
 
 from nmtkit.data.clean import TextFilter
-from nmtkit.data.sources import read_corpus
-from nmtkit.data.sources.corpus import Pair
+from nmtkit.data.sources import files, fingerprint, read_corpus
+from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.vocab import with_tag
+
+
+def training_only(source, first: bool) -> bool:
+    """A files corpus after the first that names no dev or test files gives training pairs only
+    (a back-translated or distilled corpus has none of its own)."""
+    return (not first and source.source == "files" and isinstance(source.files, dict)
+            and not {"dev", "test"} & set(source.files))
+
+
+def read_source(source, first: bool) -> Corpus:
+    return files.read(source, ("train",)) if training_only(source, first) else read_corpus(source)
+
+
+def source_fingerprint(source, first: bool) -> dict:
+    """What reading ``source`` depends on (see ``nmtkit.data.sources``)."""
+    return files.fingerprint(source, ("train",)) if training_only(source, first) else fingerprint(source)
 
 
 class CorpusStream:
@@ -25,7 +41,7 @@ class CorpusStream:
 
     def __init__(self, data) -> None:
         self.sources = data.training_sources()
-        self.corpora = [read_corpus(source) for source in self.sources]
+        self.corpora = [read_source(source, first=i == 0) for i, source in enumerate(self.sources)]
         first, tag = self.corpora[0], self.sources[0].tag
         self.dev, self.test = ([(with_tag(src, tag), tgt) for src, tgt in pairs] for pairs in (first.dev, first.test))
         heldout = [pair for corpus in self.corpora for pair in corpus.dev + corpus.test]

@@ -39,7 +39,7 @@ import numpy as np
 from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, load_config, save_config
 from nmtkit.data.clean import RULES, length_filter
-from nmtkit.data.corpora import CorpusStream
+from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder
 from nmtkit.data.identity import changes, identity, read_record
 from nmtkit.data.sources import fingerprint
@@ -166,7 +166,8 @@ def _fetch_inputs(cfg: Config) -> dict:
     data = cfg.data
     if data.corpora:
         corpora = [{"name": c.name, "tag": c.tag, "source": c.source, "langs": [c.src_lang, c.tgt_lang],
-                    "max_train_pairs": c.max_train_pairs, "input": fingerprint(c)} for c in data.training_sources()]
+                    "max_train_pairs": c.max_train_pairs, "input": source_fingerprint(c, first=i == 0)}
+                   for i, c in enumerate(data.training_sources())]
         return {"format": FORMAT, "langs": [data.src_lang, data.tgt_lang], "dedup": data.clean.dedup,
                 "corpora": corpora}
     return {"format": FORMAT, "source": data.source, "langs": [data.src_lang, data.tgt_lang],

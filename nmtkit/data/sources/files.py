@@ -18,13 +18,13 @@ from nmtkit.files import decode_line, read_lines, shown_path
 SPLITS = ("train", "dev", "test")
 
 
-def paths(data) -> dict[str, tuple[Path, Path]]:
+def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]]:
     """(source path, target path) per split, checked to exist and be non-empty."""
     if not isinstance(data.files, dict) or not data.files:
         raise ConfigError("data.files: give {train, dev, test} each with "
                           f"{data.src_lang} and {data.tgt_lang} paths (data.source=files)")
     out = {}
-    for split in SPLITS:
+    for split in splits:
         entry = data.files.get(split)
         if not isinstance(entry, dict):
             raise ConfigError(f"data.files.{split}: missing; expected {{{data.src_lang}: path, {data.tgt_lang}: path}}")
@@ -42,15 +42,17 @@ def paths(data) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-def fingerprint(data) -> dict:
+def fingerprint(data, splits: tuple[str, ...] = SPLITS) -> dict:
     """Paths with their sizes and modification times: a changed file means a new fetch."""
     return {split: [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in pair]
-            for split, pair in paths(data).items()}
+            for split, pair in paths(data, splits).items()}
 
 
-def read(data) -> Corpus:
-    split_paths = paths(data)
-    dev, test = (_read_pairs(*split_paths[split]) for split in ("dev", "test"))
+def read(data, splits: tuple[str, ...] = SPLITS) -> Corpus:
+    """The splits of ``data.files``; with ``splits=("train",)`` (a training-only corpus of
+    data.corpora) dev and test are empty."""
+    split_paths = paths(data, splits)
+    dev, test = (_read_pairs(*split_paths[split]) if split in split_paths else [] for split in ("dev", "test"))
     provenance = {"files": {split: {lang: str(path.resolve()) for lang, path in zip((data.src_lang, data.tgt_lang), pair)}
                             for split, pair in split_paths.items()}}
     return Corpus(train=_stream_pairs(*split_paths["train"]), dev=dev, test=test, provenance=provenance)
