@@ -7,7 +7,7 @@ Work-dir layout (training, translation and scoring rely on it):
       {train,dev,test}.{src,tgt}     plain text, one sentence a line; train is cleaned,
                                      dev and test are as the source gave them (BLEU references)
       spm.model                      joint SentencePiece model (or spm.src.model + spm.tgt.model)
-      {train,dev,test}.npz           token ids (nmtkit.data.ids)
+      {train,dev,test}.npz           token ids (nmtkit.data.ids), memory-mapped by `train`
       manifest.json                  source, provenance, line counts and sha256 per file,
                                      cleaning counts, vocab sizes, token counts
       train.prefilter.{src,tgt}      train after the text rules, before the length rules
@@ -303,6 +303,7 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
     langs = (data.src_lang, data.tgt_lang)
     lines = fetch["files"][f"train.prefilter.{data.src_lang}"]["lines"]
     workers = 1 if lines < Encoder.MIN_PARALLEL_LINES else (cfg.vocab.workers or os.cpu_count() or 1)
+    sizes = tuple(len(Vocab(model)) for model in models)  # ids stored as uint16 when they fit
     tokens, pairs = {}, {}
     with Encoder(workers) as encoder, console.terminal_bar("encoding", 2 * lines) as advance:
         src, tgt = (encoder.encode(model, _read_text(out / f"train.prefilter.{lang}"), advance)
@@ -314,14 +315,14 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
     kept = itertools.compress(zip(*(_read_text(out / f"train.prefilter.{lang}") for lang in langs)), keep)
     files = _write_pairs(out, "train", data, kept)
     corpus, by_corpus = _corpus_of_pairs(fetch, src, tgt, clean, keep)
-    save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep), corpus)
+    save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep), corpus, vocab_sizes=sizes)
     tokens["train"], pairs["train"] = {"src": src.tokens(keep), "tgt": tgt.tokens(keep)}, int(keep.sum())
     unknown = {"train": {"src": src.unknown(keep), "tgt": tgt.unknown(keep)}}
     with Encoder(1) as encoder:
         for split in ("dev", "test"):
             src, tgt = (encoder.encode(model, _read_text(out / f"{split}.{lang}"))
                         for model, lang in zip(models, langs))
-            save_split(out / f"{split}.npz", src.sequences(), tgt.sequences())
+            save_split(out / f"{split}.npz", src.sequences(), tgt.sequences(), vocab_sizes=sizes)
             tokens[split], pairs[split] = {"src": src.tokens(), "tgt": tgt.tokens()}, len(src.lengths)
             unknown[split] = {"src": src.unknown(), "tgt": tgt.unknown()}
     report = {"cleaning": counts, "pairs": pairs, "tokens": tokens, "unknown": unknown, "files": files}
