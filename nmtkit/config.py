@@ -50,6 +50,8 @@ class SourceConfig:
     sword_src: str = "engWEB2015eb"
     sword_tgt: str = "spaRV1909eb"
     sword_path: str = "/usr/share/sword"
+    # old: the books before Matthew; new: Matthew to Revelation (domain experiments); all: both
+    sword_testament: Literal["all", "old", "new"] = "all"
     dev_size: int = 500
     test_size: int = 1000
 
@@ -379,7 +381,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 _SOURCE_KEYS = {"files": ("files",), "hf": ("hf_name", "hf_config", "hf_revision", "hf_splits"),
-                "sword": ("sword_src", "sword_tgt", "sword_path")}
+                "sword": ("sword_src", "sword_tgt", "sword_path", "sword_testament")}
 
 
 def _numeric_keys(cls: type, prefix: str) -> list[str]:

@@ -206,6 +206,19 @@ def test_read_holds_out_spread_dev_and_test(aligned, monkeypatch):
 
 
 @needs_modules
+def test_one_testament_alone(aligned, monkeypatch):
+    monkeypatch.setattr(sword, "aligned_verses", lambda *args: aligned)
+    start = [ref[0] for ref in aligned[0]].index("Matthew")
+    for which, verses, book_count in (("old", start, 39), ("new", len(aligned[0]) - start, 27)):
+        corpus = read_corpus(DataConfig(source="sword", sword_testament=which, dev_size=100, test_size=200))
+        assert corpus.provenance["aligned_verses"] == verses
+        held = corpus.provenance["dev_refs"] + corpus.provenance["test_refs"]
+        books = {ref.rsplit(" ", 1)[0] for ref in held}
+        assert len(books) == book_count and ("Matthew" in books) == (which == "new")
+        assert len(corpus.train) == verses - 300
+
+
+@needs_modules
 def test_prepare_on_the_bible(aligned, monkeypatch, tmp_path):
     """The quickstart recipe's data section end to end, on the first 1,000 training verses."""
     import io

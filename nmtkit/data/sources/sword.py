@@ -44,12 +44,14 @@ def fingerprint(data) -> dict:
         conf_path = _conf_path(Path(data.sword_path), name)
         conf = _parse_conf(conf_path) if conf_path else {}
         mods[name] = {key: conf.get(key, "") for key in ("Version", "SwordVersionDate", "Versification")}
-    return {"sword_path": data.sword_path, "modules": mods, "dev_size": data.dev_size, "test_size": data.test_size}
+    found = {"sword_path": data.sword_path, "modules": mods, "dev_size": data.dev_size, "test_size": data.test_size}
+    return found if data.sword_testament == "all" else {**found, "testament": data.sword_testament}
 
 
 def read(data) -> Corpus:
     """Align the two modules verse by verse and hold out evenly spread dev and test verses."""
     refs, pairs, dropped, modules = aligned_verses(Path(data.sword_path), data.sword_src, data.sword_tgt)
+    refs, pairs = testament(refs, pairs, data.sword_testament)
     book_sizes = [len(list(group)) for _, group in itertools.groupby(ref[0] for ref in refs)]
     dev_idx, test_idx = heldout_indices(book_sizes, data.dev_size, data.test_size)
     held = set(dev_idx) | set(test_idx)
@@ -66,6 +68,20 @@ def read(data) -> Corpus:
     }
     return Corpus(train=train, dev=[pairs[i] for i in dev_idx], test=[pairs[i] for i in test_idx],
                   provenance=provenance, train_size=len(train))
+
+
+NEW_TESTAMENT_STARTS = "Matthew"  # the first book of the New Testament in every SWORD versification
+
+
+def testament(refs: list[Ref], pairs: list[Pair], which: str) -> tuple[list[Ref], list[Pair]]:
+    """The verses of the old testament (the books before Matthew), the new one, or all."""
+    if which == "all":
+        return refs, pairs
+    start = next((i for i, ref in enumerate(refs) if ref[0] == NEW_TESTAMENT_STARTS), None)
+    if start is None:
+        raise DataError(f"data.sword_testament={which}: no verse of {NEW_TESTAMENT_STARTS} in both modules, so "
+                        f"the testaments cannot be told apart")
+    return (refs[:start], pairs[:start]) if which == "old" else (refs[start:], pairs[start:])
 
 
 def ref_text(ref: Ref) -> str:
