@@ -149,8 +149,12 @@ def translate(
     device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
     scores: bool = typer.Option(_DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab."),
-    alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and alignment pairs i-j: target piece j attends most to source piece i. "
-                                    "i and j index SentencePiece pieces (not words), from 0."),
+    alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and Pharaoh alignment pairs "
+                                    "i-j (as fast_align and Moses write them): source word i is aligned to target word j, "
+                                    "words split at whitespace and counted from 0, pairs sorted. Each target piece is "
+                                    "aligned to the source piece it attends to most."),
+    alignment_units: str = typer.Option(_DEFAULTS.alignment_units, "--alignment-units", help="What --alignments counts: "
+                                        "words, or pieces (SentencePiece pieces; one pair per target piece, in order)."),
     sample: bool = typer.Option(_DEFAULTS.sample, "--sample", help="Sample instead of beam search (for back-translation)."),
     topk: int = typer.Option(_DEFAULTS.topk, "--topk", help="Sampling: keep the k most likely pieces (0: all)."),
     topp: float = typer.Option(_DEFAULTS.topp, "--topp", help="Sampling: nucleus probability mass."),
@@ -186,6 +190,7 @@ def translate(
               **{name: value for name, value in flags.items() if value is not None}}  # a flag always wins
     options = TranslateOptions(
         **decode, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
+        alignment_units=alignment_units,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
         compile=compile, target_lang=target_lang,
     )

@@ -54,7 +54,9 @@ def test_help_shows_no_python_types():
 
 def test_help_says_what_run_translates_and_what_alignments_index():
     assert "translate dev and test" in help_text("run")
-    assert "index SentencePiece pieces (not words)" in help_text("translate")
+    translate = help_text("translate")
+    assert "source word i is aligned to target word j, words split at whitespace" in translate
+    assert "--alignment-units" in translate and "pieces (SentencePiece pieces;" in translate
 
 
 # --- significance verdicts (item 11) ---------------------------------------------------------

@@ -131,7 +131,7 @@ def test_nbest_scores_and_alignment_formats(loaded):
     plain = translate_lines(loaded, lines, options(beam_size=3))
     assert [f[2] for f in fields][0] == plain[0]
 
-    scored = translate_lines(loaded, lines, options(scores=True, alignments=True))
+    scored = translate_lines(loaded, lines, options(scores=True, alignments=True, alignment_units="pieces"))
     score, text, align = scored[0].split("\t")
     float(score)
     assert text == translate_lines(loaded, lines, options())[0]

@@ -72,6 +72,23 @@ class Vocab:
         pieces = (self.sp.IdToPiece(i) for i in range(len(self)))
         return [piece for piece in pieces if TARGET_TAG.fullmatch(piece) and self.is_reserved(piece)]
 
+    def surfaces(self, ids: Iterable[int], unknown: str = "") -> list[str]:
+        """The text each piece adds, for finding the whitespace word it belongs to: its piece
+        with "\u2581" as a space; a byte piece one placeholder character; an unknown piece
+        ``unknown`` (a source passes a placeholder: there it stands for text; ``decode`` drops it
+        from an output); the other special and control pieces nothing."""
+        out = []
+        for i in map(int, ids):
+            if self.sp.IsByte(i):
+                out.append("\ufffd")
+            elif i == UNK:
+                out.append(unknown)
+            elif i <= EOS or self.sp.IsControl(i):
+                out.append("")
+            else:
+                out.append(self.sp.IdToPiece(i).replace("\u2581", " "))
+        return out
+
     def normalize(self, text: str) -> str:
         """The text as SentencePiece normalises it (what decode(encode(x)) returns)."""
         return self.sp.DecodeIds(self.sp.EncodeAsIds(text))

@@ -9,4 +9,5 @@
     options.py       TranslateOptions: DecodeConfig plus per-call settings (no torch)
     translate.py     Translator(engine, options), translate_lines (lines in, lines out);
                      Translator.hypotheses for callers that format their own output (the server)
+    alignment.py     attention to Pharaoh i-j pairs over pieces or whitespace words
 """

@@ -18,6 +18,7 @@ NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS},
 
 ENGINES = ("auto", "torch", "ctranslate2")
 LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the xx of a <2xx> tag
+ALIGNMENT_UNITS = ("words", "pieces")  # what the i and j of --alignments count
 
 
 @dataclass
@@ -30,7 +31,8 @@ class TranslateOptions(DecodeConfig):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: Linear layers quantised dynamically)
     scores: bool = False  # prefix "score \t"
-    alignments: bool = False  # append "\t i-j ..." (source piece i, target piece j)
+    alignments: bool = False  # append "\t i-j ..." (Pharaoh: source i aligned to target j)
+    alignment_units: str = "words"  # words (whitespace words of input and output) | pieces (SentencePiece)
     sample: bool = False  # sample instead of beam search
     topk: int = 0
     topp: float = 1.0
@@ -55,6 +57,8 @@ class TranslateOptions(DecodeConfig):
             problems.append("--compile applies to the torch engine only")
         if self.errors not in ("strict", "replace"):
             problems.append(f"--errors must be strict or replace, not {self.errors!r}")
+        if self.alignment_units not in ALIGNMENT_UNITS:
+            problems.append(f"--alignment-units must be words or pieces, not {self.alignment_units!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
             problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
         if self.target_lang and not LANGUAGE.fullmatch(self.target_lang):

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from nmtkit.data.vocab import target_tag, with_tag
+from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.batching import pad_sources, token_batches
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
 from nmtkit.decoding.options import TranslateOptions
@@ -45,7 +46,7 @@ class Translator:
         ``guides``: a prefix and constraints per line (``decoding/guides.py``)."""
         sources, results = self.hypotheses(lines, progress, guides)
         prefixes = [guide.prefix for guide in guides] if guides is not None else [""] * len(lines)
-        return [self.format(first_index + i, results[i], len(sources[i]), prefixes[i]) for i in range(len(lines))]
+        return [self.format(first_index + i, results[i], sources[i], prefixes[i]) for i in range(len(lines))]
 
     def hypotheses(self, lines: Sequence[str], progress: Optional[Callable[[int], None]] = None,
                    guides: Optional[Sequence[Guide]] = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
@@ -79,7 +80,7 @@ class Translator:
             sources = [ids[:limit] for ids in sources]
         return sources
 
-    def format(self, index: int, hyps: list[Hypothesis], src_pieces: int, prefix: str = "") -> str:
+    def format(self, index: int, hyps: list[Hypothesis], src_ids: list[int], prefix: str = "") -> str:
         """The output line(s) of input ``index``. With nbest > 1 always exactly nbest lines: when the
         search found fewer hypotheses (always, for an empty input), the rest have an empty text and
         score -inf."""
@@ -93,7 +94,7 @@ class Translator:
             columns = [str(index), f"{hyp.score:.4f}", text] if o.nbest > 1 else \
                 [f"{hyp.score:.4f}", text] if o.scores else [text]
             if o.alignments:
-                columns.append(alignment_pairs(hyp, src_pieces))
+                columns.append(self.alignment(hyp, src_ids, prefix))
             fields.append("\t".join(columns))
         return "\n".join(fields)
 
@@ -102,6 +103,20 @@ class Translator:
         target ``prefix`` starts with exactly that text (``guides.prefixed_text``)."""
         text = prefixed_text(self.tgt_vocab, hyp.tokens, prefix) if prefix else self.tgt_vocab.decode(hyp.tokens)
         return text.translate(_LINE_BREAKS)
+
+    def alignment(self, hyp: Hypothesis, src_ids: list[int], prefix: str = "") -> str:
+        """Pharaoh pairs of ``hyp`` for the source ``src_ids`` (``alignment.py``): whitespace words
+        of the input line and of ``text(hyp, prefix)``, or pieces when ``alignment_units`` is pieces."""
+        pairs = piece_pairs(hyp.attention if hyp.tokens else None, len(src_ids))
+        if self.options.alignment_units == "pieces":
+            return pharaoh(pairs)
+        src_words = word_indices(self.src_vocab.surfaces(src_ids, unknown="\ufffd"))  # unknown: source text
+        if self.tag:  # the target-language tag is the first word the model saw, not one of the input's
+            src_words = [tuple(word - 1 for word in words if word > 0) for words in src_words]
+        forced = min(len(self.tgt_vocab.encode(prefix)), len(hyp.tokens)) if prefix else 0  # the prefix's pieces
+        tgt_surfaces = self.tgt_vocab.surfaces(hyp.tokens[:forced], unknown="\ufffd") + \
+            self.tgt_vocab.surfaces(hyp.tokens[forced:])  # a prefix is written as given, unknown pieces too
+        return pharaoh(word_pairs(pairs, src_words, word_indices(tgt_surfaces)))
 
 
 def batch_targets(targets: Optional[tuple[list, list]], positions: list[int]) -> dict:
@@ -130,14 +145,6 @@ def _target_tag(src_vocab, lang: str) -> str:
         known = f"its tags: {', '.join(tags)}" if tags else "it has none: a model of one direction"
         raise ConfigError(f"--target-lang {lang}: the model has no target-language tag {tag} ({known})")
     return tag
-
-
-def alignment_pairs(hyp: Hypothesis, src_pieces: int) -> str:
-    """"i-j" for every target piece j, i its most attended source piece."""
-    if hyp.attention is None or not hyp.tokens or src_pieces == 0:
-        return ""
-    best = hyp.attention[:, :src_pieces].argmax(1).tolist()
-    return " ".join(f"{i}-{j}" for j, i in enumerate(best))
 
 
 def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: TranslateOptions,

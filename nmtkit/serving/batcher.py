@@ -20,7 +20,7 @@ from typing import Any, Optional
 from nmtkit.decoding.guides import Guide
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
-from nmtkit.decoding.translate import Translator, alignment_pairs
+from nmtkit.decoding.translate import Translator
 
 _STOP = object()  # queued by close(): the worker finishes what it holds, then returns
 
@@ -157,9 +157,10 @@ def answer(translator: Translator, sources: list[list[int]], hypotheses: list[li
     if options.scores:
         out["scores"] = [hyps[0].score for hyps in hypotheses]
     if options.alignments:
-        out["alignments"] = [alignment_pairs(hyps[0], len(ids)) for ids, hyps in zip(sources, hypotheses)]
+        out["alignments"] = [translator.alignment(hyps[0], ids, prefix)
+                             for ids, hyps, prefix in zip(sources, hypotheses, prefixes)]
     if options.nbest > 1:
         out["nbest"] = [[{"text": text(h, prefix), "score": h.score,
-                          **({"alignment": alignment_pairs(h, len(ids))} if options.alignments else {})}
+                          **({"alignment": translator.alignment(h, ids, prefix)} if options.alignments else {})}
                          for h in hyps] for ids, hyps, prefix in zip(sources, hypotheses, prefixes)]
     return out

@@ -1,10 +1,10 @@
 """What a ``POST /translate`` body may be, checked before anything reaches the model.
 
 A body is one JSON object: ``texts`` (a list of single-line strings) plus optional decode
-settings, each within a range (``DECODE_RANGES``), and optional ``prefixes`` and
-``constraints`` (one per text, as ``translate --prefix-file`` and ``--constraints`` give
-them). Every problem is a ``RequestError`` with an HTTP status and a one-line message;
-nothing here imports torch.
+settings, each within a range (``DECODE_RANGES``) or among its choices (``DECODE_CHOICES``),
+and optional ``prefixes`` and ``constraints`` (one per text, as ``translate --prefix-file``
+and ``--constraints`` give them). Every problem is a ``RequestError`` with an HTTP status and
+a one-line message; nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ DECODE_RANGES: dict[str, tuple[type, float, float]] = {
     "max_len_a": (float, 0.0, 10.0), "max_len_b": (int, 0, 1024), "min_len": (int, 0, 1024),
     "scores": (bool, False, True), "alignments": (bool, False, True),
 }
+DECODE_CHOICES: dict[str, tuple[str, ...]] = {"alignment_units": ("words", "pieces")}  # as translate's flag
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # one text is one line, as in `nmtkit translate`
 GUIDE_FIELDS = ("prefixes", "constraints")  # per text: a target prefix, target phrases to include
 MAX_PHRASES = 32  # constraint phrases per text
@@ -70,12 +71,13 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
         raise RequestError(400, "body is not JSON this server reads: nested too deeply") from None
     if not isinstance(payload, dict):
         raise RequestError(400, 'body must be a JSON object such as {"texts": ["a line"]}')
-    unknown = sorted(set(payload) - {"texts", *GUIDE_FIELDS} - set(DECODE_RANGES))
+    unknown = sorted(set(payload) - {"texts", *GUIDE_FIELDS} - set(DECODE_RANGES) - set(DECODE_CHOICES))
     if unknown:
         raise RequestError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; "
-                                f"known: texts, {', '.join([*GUIDE_FIELDS, *DECODE_RANGES])}")
+                                f"known: texts, {', '.join([*GUIDE_FIELDS, *DECODE_RANGES, *DECODE_CHOICES])}")
     texts = check_texts(payload.get("texts"), limits)
-    decode = {name: check_setting(name, value, limits) for name, value in payload.items() if name in DECODE_RANGES}
+    decode = {name: check_setting(name, value, limits) for name, value in payload.items()
+              if name in DECODE_RANGES or name in DECODE_CHOICES}
     return TranslateRequest(texts, decode, check_guides(payload.get("prefixes"), payload.get("constraints"), texts, limits))
 
 
@@ -128,6 +130,10 @@ def check_guides(prefixes: Any, constraints: Any, texts: list[str], limits: Limi
 
 def check_setting(name: str, value: Any, limits: Limits) -> Any:
     """``value`` of decode setting ``name`` if its type and range are right."""
+    if name in DECODE_CHOICES:
+        if value not in DECODE_CHOICES[name]:
+            raise RequestError(400, f"{name} must be one of {', '.join(map(repr, DECODE_CHOICES[name]))}")
+        return value
     kind, low, high = DECODE_RANGES[name]
     if name in ("beam_size", "nbest"):
         high = min(high, limits.max_beam)
