@@ -175,6 +175,12 @@ def translate(
     target_lang: str = typer.Option(_DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
                                     help="A multilingual model: the language to translate into (puts its tag, e.g. "
                                          "<2es>, before every line)."),
+    stream: bool = typer.Option(_DEFAULTS.stream, "--stream", help="Translate each input line as it arrives and flush "
+                                "its output at once (always when stdin is a terminal); without it, lines are read "
+                                "and translated --chunk-lines at a time."),
+    chunk_lines: int = typer.Option(_DEFAULTS.chunk_lines, "--chunk-lines", help="Lines read, translated and written at "
+                                    "a time; with -i FILE -o FILE each finished chunk is saved beside the output, so "
+                                    "the same command after a crash continues from the last one."),
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
@@ -190,7 +196,7 @@ def translate(
               **{name: value for name, value in flags.items() if value is not None}}  # a flag always wins
     options = TranslateOptions(
         **decode, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
-        alignment_units=alignment_units,
+        alignment_units=alignment_units, stream=stream, chunk_lines=chunk_lines,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
         compile=compile, target_lang=target_lang,
     )

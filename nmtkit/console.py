@@ -35,23 +35,24 @@ class NmtConsole(Console):
     def progress(self, *columns: Any, **kwargs: Any):
         """The one place a rich Progress is made: on this console, silent when quiet (unless
         ``disable`` says otherwise), with ``columns`` or description, bar, count and times."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import Progress
 
-        columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                              TimeRemainingColumn())
         kwargs.setdefault("disable", self.verbosity < 0)
-        return Progress(*columns, console=self, transient=False, **kwargs)
+        return Progress(*(columns or _columns()), console=self, transient=False, **kwargs)
 
     @contextlib.contextmanager
-    def terminal_bar(self, description: str, total: Optional[int]) -> Iterator[Callable[[int], None]]:
+    def terminal_bar(self, description: str, total: Optional[int], unit: Optional[str] = None,
+                     completed: int = 0) -> Iterator[Callable[[int], None]]:
         """A progress bar (a pulsing one when ``total`` is None) for a person watching a
-        terminal, nothing in a log file; yields ``advance(n)``."""
+        terminal, nothing in a log file; yields ``advance(n)``. With ``unit`` it also shows the
+        rate ("120 lines/s"); ``completed`` is work done before (by an earlier run): it fills the
+        bar but does not count towards the rate or the time left."""
         if not self.is_terminal:
             yield lambda n: None
             return
-        progress = self.progress()
+        progress = self.progress(*_columns(unit))
         progress.start()
-        task = progress.add_task(description, total=total)
+        task = progress.add_task(description, total=total, completed=completed)
         try:
             yield lambda n: progress.advance(task, n)
         except BaseException:
@@ -61,6 +62,28 @@ class NmtConsole(Console):
         if total is None:
             progress.update(task, total=1, completed=1)
         progress.stop()
+
+
+def _columns(unit: Optional[str] = None) -> tuple:
+    """Description, bar, count, (rate in ``unit``/s,) elapsed and remaining time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    rate = () if unit is None else (_rate_column(unit),)
+    return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *rate, TimeElapsedColumn(),
+            TimeRemainingColumn())
+
+
+def _rate_column(unit: str):
+    """A column showing "N unit/s" (rich's own speed columns count bytes or iterations)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if speed is None else f"{speed:,.0f} {unit}/s")
+
+    return Rate()
 
 
 def get_console(verbosity: int = 0) -> NmtConsole:

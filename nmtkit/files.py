@@ -28,8 +28,14 @@ _HOST = re.sub(r"\W", "_", socket.gethostname())[:32] or "host"
 _NAME_CHARS = 80  # of NAME kept in a temporary name (file names are limited to 255 bytes)
 
 
+def sibling_name(path: Path, tag: str) -> str:
+    """The name of something nmtkit keeps beside ``path``: ``.NAME.nmtkit-TAG`` (temporary files,
+    a translation's finished chunks), so that whose it is and what for can be read off it."""
+    return f".{path.name[:_NAME_CHARS]}.nmtkit-{tag}"
+
+
 def _temp_prefix(path: Path) -> str:
-    return f".{path.name[:_NAME_CHARS]}.nmtkit-{_HOST}-"
+    return sibling_name(path, f"{_HOST}-")
 
 
 def _running(pid: int) -> bool:

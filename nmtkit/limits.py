@@ -96,7 +96,7 @@ RANGES: dict[str, Bound] = {
     "translate.nbest": Bound(1, 1000), "translate.topk": Bound(0, 1_000_000),
     "translate.topp": Bound(0, 1, low_open=True),
     "translate.temperature": Bound(0.01, 100),  # below 0.01 logits / T overflow float32 (and it is greedy anyway)
-    "translate.seed": Bound(0, MAX_SEED),
+    "translate.seed": Bound(0, MAX_SEED), "translate.chunk_lines": Bound(1, 10**8),
 }
 
 

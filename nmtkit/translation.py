@@ -2,27 +2,34 @@
 explicit branch (torch: ``decoding/torch_engine.py``; ctranslate2: ``ctranslate2/engine.py``),
 behind the one ``Translator``.
 
-Lines are read as bytes and decoded one by one (invalid UTF-8 names its line) and streamed
-in chunks; a file output is written atomically, so a failure leaves no partial file.
-stdout receives translations only.
+Lines are read as bytes and decoded one by one (invalid UTF-8 names its line), translated
+``chunk_lines`` at a time (one at a time when streaming: each answer is flushed before the
+next line is read); a file output is written atomically, so a failure leaves no partial
+file, and ``-i FILE -o FILE`` keeps its finished chunks to resume from. stdout receives
+translations only.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Optional, Sequence
 
+from nmtkit import __version__
+from nmtkit.checksums import MANIFEST
 from nmtkit.compiler import compile_decoder
 from nmtkit.config import DecodeConfig
 from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import check_readable, decode_line, read_json_dict
+from nmtkit.files import check_readable, decode_line, read_json_dict, sha256_file
 from nmtkit.modeldir import CONFIG, saved_decode
 from nmtkit.outputs import check_output_file, is_stream, open_output
-
-CHUNK_LINES = 10_000  # lines read, translated and written at a time
+from nmtkit.partial import open_partial, partial_dir
 
 
 def resolve_engine(model_dirs: Sequence[str | Path], engine: str) -> str:
@@ -80,40 +87,66 @@ def read_guides(model_dirs: Sequence[str], options: TranslateOptions, side: Guid
     return side.read(options.errors)
 
 
-def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
-                   options: TranslateOptions, console, side: GuideFiles = GuideFiles()) -> None:
-    """Translate a file (or stdin) to a file (atomically, with a progress bar; a device or
-    named pipe directly) or stdout, each line from its prefix and with its constraints when
-    ``side`` names files of them. The output, the input and the side files are checked before
-    any model loads."""
-    options.validate()
-    output_path = check_output_file(output_path)
-    guides = read_guides(model_dirs, options, side)
-    total = None
-    if input_path is not None:
-        input_path = check_readable(input_path)
-        if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
-            total = count_lines(input_path, options.errors)
-            side.check_count(guides, total, str(input_path))
+def open_translator(model_dirs: Sequence[str], options: TranslateOptions, console) -> Translator:
+    """The ``Translator`` of ``model_dirs`` under ``options`` (its decoder compiled on request)."""
     engine = open_engine(model_dirs, options)
     if options.compile:
         if not hasattr(engine, "model"):  # --engine auto chose ctranslate2 for an export
             raise ConfigError("--compile applies to the torch engine only, not to a CTranslate2 export")
         engine.model = compile_decoder(engine.model, engine.device, console)
     console.detail(f"translating {engine.description}")
-    translator = Translator(engine, options)
+    return Translator(engine, options)
+
+
+def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], output_path: Optional[str | Path],
+                   options: TranslateOptions, console, side: GuideFiles = GuideFiles()) -> None:
+    """Translate a file or stdin into a file or stdout, ``chunk_lines`` at a time, each line from
+    its prefix and with its constraints when ``side`` names files of them:
+    - ``-i FILE -o FILE``: each finished chunk is saved beside the output (``partial.py``), so
+      the same command after a crash continues from the last one; the output appears whole;
+    - stdin on a terminal, or ``options.stream``: each line translated and flushed as it arrives;
+    - otherwise a file output is written atomically, a device or named pipe directly.
+    The output, the input and the side files are checked before any model loads."""
+    options.validate()
+    output_path = check_output_file(output_path)
+    guides = read_guides(model_dirs, options, side)
+    scan = None
+    if input_path is not None:
+        input_path = check_readable(input_path)
+        if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
+            scan = scan_input(input_path, options.errors)
+            side.check_count(guides, scan.lines, str(input_path))
+    streaming = options.stream or (input_path is None and sys.stdin.isatty())
+    resumable = scan is not None and output_path is not None and not is_stream(output_path) and not streaming
+    if resumable:
+        partial_dir(output_path)  # something in the way is refused before the model loads
+    translator = open_translator(model_dirs, options, console)
+    if resumable:
+        key = progress_key(model_dirs, scan, translator, side)
+        _translate_resumably(translator, input_path, output_path, scan, key, functools.partial(side.slice, guides),
+                             console)
+    else:
+        size = 1 if streaming else options.chunk_lines
+        _translate_stream(translator, input_path, output_path, size, scan.lines if scan else None, side, guides,
+                          console)
+    warn_truncated(translator, console)
+
+
+def _translate_stream(translator: Translator, input_path: Optional[Path], output_path: Optional[Path], size: int,
+                      total: Optional[int], side: GuideFiles, guides: Optional[list[Guide]], console) -> None:
+    """Translate ``input_path`` (None: stdin) into ``output_path`` (None: stdout), ``size`` lines
+    at a time, with the guides of its lines; the input must not run past or short of them."""
     source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer
     name = str(input_path) if input_path is not None else "<stdin>"
     done = [0]  # input lines translated and written
     guides_of = functools.partial(side.slice, guides)
     try:
         if output_path is None:
-            _stream(translator, source, name, sys.stdout.buffer, None, done, guides_of)
+            _stream(translator, source, name, sys.stdout.buffer, size, None, done, guides_of)
             side.check_count(guides, done[0], name)
         else:
-            with open_output(output_path) as out, console.progress() as bar:
-                task = bar.add_task("translating", total=total)
-                _stream(translator, source, name, out, lambda n: bar.advance(task, n), done, guides_of)
+            with open_output(output_path) as out, console.terminal_bar("translating", total, "lines") as advance:
+                _stream(translator, source, name, out, size, advance, done, guides_of)
                 side.check_count(guides, done[0], name)  # inside: a short file leaves no output
     except DataError as err:  # undecodable input met while streaming: say what the output holds
         where = "stdout" if output_path is None else str(output_path)
@@ -123,12 +156,117 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     finally:
         if input_path is not None:
             source.close()
-    warn_truncated(translator, console)
 
 
-def read_chunks(handle: IO[bytes], name: str, errors: str, size: int = CHUNK_LINES) -> Iterator[list[str]]:
-    """Lines of a binary stream, decoded and stripped of \\n / \\r\\n, ``size`` at a time.
-    Before a DataError for an undecodable line, the lines before it come as a last chunk."""
+def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes], size: int,
+            progress: Optional[Callable[[int], None]], done: list[int],
+            guides_of: Callable[[int, int], Optional[list[Guide]]]) -> None:
+    """Translate ``source`` chunk by chunk into ``out``, counting finished lines in ``done[0]``;
+    ``guides_of(start, count)``: the guides of those lines (None: none)."""
+    for index, chunk in enumerate(read_chunks(source, name, translator.options.errors, size)):
+        out.write(translate_chunk(translator, index, done[0], chunk, progress, guides_of(done[0], len(chunk))))
+        out.flush()
+        done[0] += len(chunk)
+
+
+def _translate_resumably(translator: Translator, input_path: Path, output_path: Path, scan: InputScan, key: str,
+                         guides_of: Callable[[int, int], Optional[list[Guide]]], console) -> None:
+    """``-i FILE -o FILE`` through the chunk store beside the output: the chunks an earlier run
+    finished under the same ``key`` (``progress_key``) are kept, the rest translated."""
+    options, size = translator.options, translator.options.chunk_lines
+    sizes = [min(size, scan.lines - start) for start in range(0, scan.lines, size)]
+    with open_partial(output_path, key) as partial:
+        kept = 0
+        while kept < len(sizes) and partial.has(kept, sizes[kept] * options.nbest):
+            kept += 1
+        saved = [sum(sizes[:kept])]  # input lines whose output is saved
+        if partial.discarded:
+            console.info(f"{partial.directory} held chunks of another input, model or settings: starting over")
+        if kept:
+            console.info(f"resuming: {saved[0]} of {scan.lines} lines were translated by an earlier run")
+        try:
+            with open(input_path, "rb") as source, \
+                    console.terminal_bar("translating", scan.lines, "lines", saved[0]) as advance:
+                for index, chunk in enumerate(read_chunks(source, str(input_path), options.errors, size)):
+                    if index >= kept:
+                        first = index * size
+                        data = translate_chunk(translator, index, first, chunk, advance, guides_of(first, len(chunk)))
+                        partial.save(index, data)
+                        saved[0] += len(chunk)
+        except BaseException:
+            if saved[0]:
+                console.info(f"{saved[0]} of {scan.lines} lines are saved in {partial.directory}: "
+                             f"the same command continues from there")
+            raise
+        partial.finish(len(sizes))
+
+
+def translate_chunk(translator: Translator, index: int, first_line: int, chunk: list[str],
+                    progress: Optional[Callable[[int], None]] = None,
+                    guides: Optional[list[Guide]] = None) -> bytes:
+    """Chunk ``index`` of an input (``first_line``: its first line's number, from 0) as output
+    bytes. Sampling starts from a seed of the chunk's own, so a chunk gets the same samples
+    however the run got to it (a resumed run too)."""
+    options = translator.options
+    if options.sample:
+        translator.engine.reseed(chunk_seed(options.seed, index))
+    lines = translator.translate(chunk, first_index=first_line, progress=progress, guides=guides)
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def chunk_seed(seed: int, index: int) -> int:
+    """The sampling seed of chunk ``index``: ``seed`` itself for chunk 0 (an input of one chunk
+    samples as it did before chunks had seeds), a digest of both for the others."""
+    if index == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class InputScan:
+    lines: int
+    sha256: str  # of the file's bytes
+
+
+def scan_input(path: Path, errors: str) -> InputScan:
+    """Lines and digest of the file ``path``; in strict mode also fails fast on the first
+    invalid UTF-8 line."""
+    digest, total = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        for total, raw in enumerate(handle, 1):
+            digest.update(raw)
+            if errors == "strict":
+                decode_line(raw, str(path), total)
+    return InputScan(total, digest.hexdigest())
+
+
+def progress_key(model_dirs: Sequence[str], scan: InputScan, translator: Translator,
+                 side: GuideFiles = GuideFiles()) -> str:
+    """What the output of ``translate -i FILE`` depends on, as one digest: the input's bytes,
+    the models' files, the prefix and constraint files' bytes, every option, the engine's
+    device and dtype, nmtkit's version. Saved chunks are reused only under the same key."""
+    record = {"nmtkit": __version__, "input": dataclasses.asdict(scan), "models": [model_digest(d) for d in model_dirs],
+              "side": [sha256_file(path) if path is not None else None for path in (side.prefix, side.constraints)],
+              "options": dataclasses.asdict(translator.options), "engine": translator.engine.description}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """A model directory's content as one digest: its checksums.json, which lists every file's
+    digest (and which loading verifies), or, where it has none, every file's bytes."""
+    directory = Path(model_dir)
+    if (directory / MANIFEST).is_file():
+        return sha256_file(directory / MANIFEST)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        digest.update(f"{path.name}\0{sha256_file(path)}\0".encode("utf-8"))
+    return digest.hexdigest()
+
+
+def read_chunks(handle: IO[bytes], name: str, errors: str, size: int) -> Iterator[list[str]]:
+    """Lines of a binary stream, decoded and stripped of \\n / \\r\\n, ``size`` at a time (each
+    chunk as soon as its last line arrives). Before a DataError for an undecodable line, the
+    lines before it come as a last chunk."""
     chunk = []
     for lineno, raw in enumerate(handle, 1):
         try:
@@ -142,26 +280,3 @@ def read_chunks(handle: IO[bytes], name: str, errors: str, size: int = CHUNK_LIN
             chunk = []
     if chunk:
         yield chunk
-
-
-def count_lines(path: Path, errors: str) -> int:
-    """Lines in ``path``; in strict mode also fails fast on the first invalid UTF-8 line."""
-    total = 0
-    with open(path, "rb") as handle:
-        for total, raw in enumerate(handle, 1):
-            if errors == "strict":
-                decode_line(raw, str(path), total)
-    return total
-
-
-def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes],
-            progress: Optional[Callable[[int], None]], done: list[int],
-            guides_of: Callable[[int, int], Optional[list[Guide]]]) -> None:
-    """Translate ``source`` chunk by chunk into ``out``, counting finished lines in ``done[0]``;
-    ``guides_of(start, count)``: the guides of those lines (None: none)."""
-    for chunk in read_chunks(source, name, translator.options.errors, CHUNK_LINES):
-        guides = guides_of(done[0], len(chunk))
-        lines = translator.translate(chunk, first_index=done[0], progress=progress, guides=guides)
-        out.write("".join(line + "\n" for line in lines).encode("utf-8"))
-        out.flush()
-        done[0] += len(chunk)

@@ -13,7 +13,7 @@ LAYERS = (
     ("", "errors", "specials", "allocator", "console", "workdir", "threads", "compiler"),
     ("limits", "recipe_text"),
     ("files", "device"),
-    ("config", "outputs", "runlog", "checksums"),
+    ("config", "outputs", "partial", "runlog", "checksums"),
     ("data", "models", "scoring"),
     ("modeldir",),
     ("decoding",),

@@ -106,7 +106,7 @@ class CT2Engine:
         self.description = f"with CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
         self.never = [[self.tgt_vocab.sp.IdToPiece(PAD)], [self.tgt_vocab.sp.IdToPiece(BOS)]]  # as our search
         if options.sample:
-            ctranslate2.set_random_seed(options.seed)
+            self.reseed(options.seed)
         self.search_settings = self.bind(options)
 
     def bind(self, o) -> dict:
@@ -122,6 +122,10 @@ class CT2Engine:
         other = copy.copy(self)
         other.options, other.search_settings = options, self.bind(options)
         return other
+
+    def reseed(self, seed: int) -> None:
+        """Restart sampling from ``seed`` (CTranslate2 keeps one generator per process)."""
+        import_ctranslate2().set_random_seed(seed)
 
     def search(self, src, src_mask, prefixes=None, constraints=None) -> list[list[Hypothesis]]:
         """Hypotheses per sentence; ``prefixes`` (pieces per sentence) become CTranslate2's

@@ -14,7 +14,8 @@ from nmtkit.limits import range_problem
 
 # every numeric option and the rule it follows: a decode setting shares its recipe key's range
 NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS},
-                   **{name: f"translate.{name}" for name in ("nbest", "topk", "topp", "temperature", "seed")}}
+                   **{name: f"translate.{name}"
+                      for name in ("nbest", "topk", "topp", "temperature", "seed", "chunk_lines")}}
 
 ENGINES = ("auto", "torch", "ctranslate2")
 LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the xx of a <2xx> tag
@@ -42,6 +43,8 @@ class TranslateOptions(DecodeConfig):
     engine: str = "auto"  # auto (from the model directory) | torch | ctranslate2
     compile: bool = False  # torch.compile the decoder step (torch engine)
     target_lang: str = ""  # a multilingual model: translate into this language (its tag <2xx> goes first)
+    stream: bool = False  # each line translated and flushed as it arrives (always for a terminal stdin)
+    chunk_lines: int = 10_000  # lines read, translated, written (and saved, for -i FILE -o FILE) at a time
 
     @classmethod
     def from_decode(cls, decode: DecodeConfig, **settings) -> "TranslateOptions":

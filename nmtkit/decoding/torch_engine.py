@@ -5,8 +5,9 @@ An engine is what ``Translator`` needs besides its options: ``src_vocab``, ``tgt
 ``max_positions`` (longer inputs are truncated), ``device`` (where source ids are padded),
 ``description`` (one line for the console), ``search(src, src_mask)`` (with ``prefixes=``
 and ``constraints=`` per sentence when a batch has them), ``constrained_search`` (whether it
-takes constraints) and ``with_options(options)`` (the same loaded model under other decode
-settings, for a server whose requests choose them). The CTranslate2 engine
+takes constraints), ``with_options(options)`` (the same loaded model under other decode
+settings, for a server whose requests choose them) and ``reseed(seed)`` (sampling restarted:
+each chunk of a file samples from a seed of its own). The CTranslate2 engine
 (``nmtkit/ctranslate2/engine.py``) offers the same.
 """
 from __future__ import annotations
@@ -95,6 +96,10 @@ class TorchEngine:
     def with_options(self, options) -> "TorchEngine":
         """The same model (device, dtype, weights shared) searched with other decode settings."""
         return TorchEngine(self.model, self.src_vocab, self.tgt_vocab, options, self.device, self.description)
+
+    def reseed(self, seed: int) -> None:
+        """Restart sampling from ``seed`` (per chunk of a file, so a resumed run samples alike)."""
+        self.generator.manual_seed(seed)
 
     def search(self, src, src_mask, **targets) -> list[list[Hypothesis]]:
         """Hypotheses per sentence; ``targets``: ``prefixes`` and/or ``constraints`` per sentence

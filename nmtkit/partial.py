@@ -1,0 +1,107 @@
+"""The finished chunks of an output file that is not whole yet, kept beside it so that a
+killed ``translate -i FILE -o FILE`` continues where it stopped:
+
+    .NAME.nmtkit-partial/    (NAME: the output's name; named as nmtkit's temporary files are)
+        key.json             what the chunks were made from (input, models, settings), as a digest
+        chunk-000000.txt     chunk 0's output lines, written atomically; chunk-000001.txt, ...
+        .lock                held while a process writes here (a second one is refused)
+
+The output itself appears only once every chunk is done, atomically, from the chunks in
+order; then the directory is removed. Chunks made under another key are never used: they
+are deleted (they are nmtkit's own) and the work starts over.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from nmtkit.errors import ConfigError
+from nmtkit.files import atomic_open, atomic_write_text, exclusive, sibling_name
+
+KEY_FILE = "key.json"
+_CHUNK = re.compile(r"chunk-\d{6,}\.txt")
+
+
+def partial_dir(output: Path) -> Path:
+    """Where the finished chunks of ``output`` wait; a one-line error when something that is
+    not such a directory is in the way (nmtkit does not replace it)."""
+    directory = output.with_name(sibling_name(output, "partial"))
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise ConfigError(f"{directory} (where translate keeps the finished chunks of {output}) is in the way: "
+                          f"move it away")
+    return directory
+
+
+class PartialOutput:
+    """The chunk store of one output under one key (``open_partial`` makes it)."""
+
+    def __init__(self, output: Path, directory: Path, kept: bool, discarded: bool) -> None:
+        self.output, self.directory = output, directory
+        self.kept = kept  # chunks of an earlier run under the same key are here
+        self.discarded = discarded  # chunks made under another key were deleted
+
+    def chunk_path(self, index: int) -> Path:
+        return self.directory / f"chunk-{index:06d}.txt"
+
+    def has(self, index: int, lines: int) -> bool:
+        """Whether chunk ``index`` is saved, whole: ``lines`` lines, each ended by a newline."""
+        path = self.chunk_path(index)
+        if not path.is_file():
+            return False
+        data = path.read_bytes()
+        return data.count(b"\n") == lines and data.endswith(b"\n") == (lines > 0)
+
+    def save(self, index: int, data: bytes) -> None:
+        with atomic_open(self.chunk_path(index), "wb") as handle:
+            handle.write(data)
+
+    def finish(self, chunks: int) -> None:
+        """Write the output from chunks 0 .. ``chunks`` - 1 (atomically), then remove the store."""
+        with atomic_open(self.output, "wb") as out:
+            for index in range(chunks):
+                with open(self.chunk_path(index), "rb") as handle:
+                    shutil.copyfileobj(handle, out, 1 << 20)
+        _remove_ours(self.directory, everything=True)
+        with contextlib.suppress(OSError):  # a file that is not ours keeps the directory
+            os.rmdir(self.directory)
+
+
+@contextlib.contextmanager
+def open_partial(output: Path, key: str) -> Iterator[PartialOutput]:
+    """The chunk store of ``output`` for ``key``, locked while in use; chunks of another key
+    are deleted first."""
+    directory = partial_dir(output)
+    directory.mkdir(parents=True, exist_ok=True)
+    with exclusive(directory, f"another nmtkit translate writing {output}"):
+        chunks = bool(_chunks(directory))
+        same = _read_key(directory) == key
+        if not same:
+            _remove_ours(directory, everything=False)
+            atomic_write_text(directory / KEY_FILE, json.dumps({"key": key}) + "\n")
+        yield PartialOutput(output, directory, kept=same and chunks, discarded=chunks and not same)
+
+
+def _read_key(directory: Path) -> str | None:
+    try:
+        value = json.loads((directory / KEY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value.get("key") if isinstance(value, dict) else None
+
+
+def _chunks(directory: Path) -> list[Path]:
+    return [path for path in directory.iterdir() if _CHUNK.fullmatch(path.name)]
+
+
+def _remove_ours(directory: Path, everything: bool) -> None:
+    """Delete the chunk files in ``directory`` (with ``everything``, also key.json and .lock),
+    and nothing else."""
+    paths = _chunks(directory) + ([directory / KEY_FILE, directory / ".lock"] if everything else [])
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
