@@ -178,6 +178,8 @@ def write_results(out_dir: Path, name: str, records: list[dict], columns: Sequen
 def _cell(value) -> str:
     if value is None:
         return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
     if isinstance(value, int):

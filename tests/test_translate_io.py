@@ -199,3 +199,15 @@ def test_a_killed_translation_rerun_gives_the_uninterrupted_output(tmp_path, mod
     assert f"resuming: {2 * saved} of 60 lines" in " ".join(err.decode().split())
     assert out.read_bytes() == "".join(t + "\n" for t in translate_lines(loaded, lines, options())).encode("utf-8")
     assert not store.exists()
+
+
+def test_a_terminal_shows_lines_per_second_and_the_time_left(tmp_path, model_dir):  # noqa: F811
+    source, out = write_lines(tmp_path / "in.txt", tiny_sentences(9, seed=4)), tmp_path / "out.txt"
+    text = io.StringIO()
+    console = NmtConsole(file=text, width=200, force_terminal=True)
+    translate_file([str(model_dir)], str(source), str(out), options(chunk_lines=3), console)
+    shown = text.getvalue()
+    assert "translating" in shown and "9/9" in shown and "lines/s" in shown and "0:00:00" in shown
+    plain = io.StringIO()  # not a terminal (a log file): no bar
+    translate_file([str(model_dir)], str(source), str(out), options(), NmtConsole(file=plain, width=200))
+    assert plain.getvalue() == ""
