@@ -158,6 +158,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
+def write_text_if_changed(path: str | Path, text: str) -> bool:
+    """Write ``text`` atomically unless the file already holds it (then the file and its mtime are
+    left alone); says whether it wrote."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if Path(path).read_text(encoding="utf-8") == text:
+            return False
+    atomic_write_text(path, text)
+    return True
+
+
 def shown_path(path: str | Path, key: str) -> str:
     """How an error names a path a recipe gave (``key``): the absolute path tried and, for a
     relative one, the directory it was resolved against (the current directory)."""

@@ -1,0 +1,180 @@
+"""Recipe text to a checked ``Config`` and back: YAML (``nmtkit.recipe_text``), dotted
+``key=value`` overrides, values converted to their field types with unknown keys and wrong
+types refused naming the key, then the rules of ``rules.py``."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from nmtkit.config.rules import check_ranges, validate
+from nmtkit.config.schema import (PRESETS, Config, DataConfig, DecodeConfig, ModelConfig, VocabConfig, field_types,
+                                  recipe_key, section_type)
+from nmtkit.errors import ConfigError
+from nmtkit.recipe_text import plain_copy, safe_yaml
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check/convert ``value`` to the field type, or raise a ConfigError naming ``key``."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if annotation is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return "" if value is None else str(value)
+    if annotation is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        try:
+            return tuple(float(v) for v in value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{key}: expected a list of numbers, got {value!r}") from None
+    if annotation is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return value
+    section = section_type(annotation)
+    if section is not None:  # a list of sections (data.corpora): each entry checked like a section
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of mappings, got {value!r}")
+        return [_build(section, entry, f"{key}[{i}].") for i, entry in enumerate(value)]
+    return value
+
+
+def _build(cls: type, values: dict, prefix: str) -> Any:
+    """Build dataclass ``cls`` from a (possibly partial) dict, rejecting unknown keys."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {values!r}")
+    hints = field_types(cls)
+    fields = {recipe_key(f.name): f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields), key=str)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!s}; valid keys under "
+            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in values.items():
+        field_name = fields[name]
+        hint = hints[field_name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[field_name] = _build(hint, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[field_name] = _coerce(value, hint, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value the way YAML would (numbers, booleans, lists)."""
+    import yaml
+
+    try:
+        return safe_yaml(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Set dotted ``a.b.c=value`` overrides in a nested dict (before type checking)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.max_steps=1000)")
+        key, text = item.split("=", 1)
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key}: {part} is not a section")
+        node[parts[-1]] = _parse_scalar(text)
+    return raw
+
+
+def decode_config_from_dict(values: dict) -> DecodeConfig:
+    """The decode settings saved with a model directory, checked by the rules of a recipe."""
+    decode = _build(DecodeConfig, values, "decode.")
+    check_ranges(decode, "decode.")
+    return decode
+
+
+def from_dict(raw: dict) -> Config:
+    raw = plain_copy(raw)
+    model = raw.get("model") or {}
+    preset = model.get("preset") if isinstance(model, dict) else None
+    if isinstance(preset, str) and preset in PRESETS:  # preset values are defaults that explicit keys override
+        raw["model"] = {**PRESETS[preset], **model}
+    return validate(_build(Config, raw, ""))
+
+
+def model_config_from_dict(values: dict, joint_vocab: bool) -> ModelConfig:
+    """The ``model`` section of a saved model directory, type-checked with unknown keys rejected
+    and held to the rules of a recipe's model section (heads=0 or d_model<0 are errors there too)."""
+    model = _build(ModelConfig, values, "model.")
+    validate(Config(model=model, vocab=VocabConfig(joint=joint_vocab), data=DataConfig(source="files")))
+    return model
+
+
+def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) -> Config:
+    """Load a YAML recipe (or defaults when ``path`` is None) and apply overrides."""
+    import yaml
+
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"recipe not found: {path}")
+        try:
+            raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+        raw.setdefault("name", path.stem)
+    return from_dict(apply_overrides(raw, list(overrides or [])))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically). A file that already holds it is left alone
+    (and its mtime): prepare and every training session save theirs, mostly unchanged."""
+    import yaml
+
+    from nmtkit.files import write_text_if_changed
+
+    write_text_if_changed(path, yaml.safe_dump(_plain(cfg.to_dict()), sort_keys=False))
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
