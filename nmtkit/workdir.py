@@ -17,22 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def _inside(name: str, doc: str = "", base: str = "root") -> property:
+    """A read-only path property: ``name`` inside the directory held in attribute ``base``."""
+    return property(lambda self: getattr(self, base) / name, doc=doc or f"{name} inside the directory")
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path
 
-    @property
-    def config(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def data_record(self) -> Path:
-        """What the run trains on (nmtkit.data.identity)."""
-        return self.path / "data.json"
+    config = _inside("config.yaml", "The recipe the run was trained with.", base="path")
+    metrics = _inside("metrics.jsonl", base="path")
+    data_record = _inside("data.json", "What the run trains on (nmtkit.data.identity).", base="path")
+    checkpoints = _inside("checkpoints", "step_N/ model directories with trainer state.", base="path")
+    best = _inside("best", "The model directory of the best validation.", base="path")
+    averaged = _inside("averaged", "The average of the last checkpoints (nmtkit average, run).", base="path")
 
     @property
     def workdir(self) -> "WorkDir":
@@ -44,22 +43,15 @@ class RunDir:
 class WorkDir:
     root: Path
 
+    config = _inside("config.yaml", "The resolved recipe (written by prepare).")
+    prepared = _inside("prepared")
+    results = _inside("results")
+    manifest = _inside("manifest.json", base="prepared")
+
     @classmethod
     def of(cls, cfg) -> "WorkDir":
         """The work directory of a recipe (``nmtkit.config.Config``)."""
         return cls(cfg.work_path)
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
-
-    @property
-    def prepared(self) -> Path:
-        return self.root / "prepared"
-
-    @property
-    def manifest(self) -> Path:
-        return self.prepared / "manifest.json"
 
     def text(self, split: str, lang: str) -> Path:
         """A prepared split's plain text in one language."""
@@ -72,7 +64,3 @@ class WorkDir:
     @property
     def run(self) -> RunDir:
         return RunDir(self.root / "train")
-
-    @property
-    def results(self) -> Path:
-        return self.root / "results"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nmtkit.files import read_json_dict
 from nmtkit.sweep.spec import Sweep, Variant
+from nmtkit.workdir import WorkDir
 
 RECORD = "sweep-run.json"
 
@@ -21,6 +22,7 @@ def variant_status(sweep: Sweep, variant: Variant) -> str:
     record = read_record(sweep.variant_dir(variant.name))
     if record.get("config") != variant.config_key:
         return "pending"
-    if record.get("status") == "done" and not (sweep.variant_dir(variant.name) / "results" / "results.json").is_file():
+    results = WorkDir(sweep.variant_dir(variant.name)).results / "results.json"
+    if record.get("status") == "done" and not results.is_file():
         return "pending"
     return record.get("status", "pending")

@@ -55,13 +55,13 @@ def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
         row["error"] = record.get("error")
     if status != "done":
         return row
-    results = json.loads((directory / "results" / "results.json").read_text(encoding="utf-8"))
+    results = json.loads((WorkDir(directory).results / "results.json").read_text(encoding="utf-8"))
     test, dev = results["splits"]["test"], results["splits"]["dev"]
     row.update(test_bleu=test["bleu"]["score"], test_chrf=test["chrf"]["score"], test_ter=test["ter"]["score"],
                dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
                decode_sent_s=round(test["sentences"] / test["translate_seconds"], 1) if test["translate_seconds"] else None,
                peak_rss_mib=record.get("peak_rss_mib"), bleu_signature=test["bleu"]["signature"])
-    row.update(_training_figures(directory / "train"))
+    row.update(_training_figures(WorkDir(directory).run.path))
     return row
 
 
@@ -96,7 +96,7 @@ def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
         if read_lines(WorkDir(directory).text("test", variant.config.data.tgt_lang)) != refs:
             row["p_value_note"] = "other test references than the baseline's: no p-value"
             continue
-        result = paired_test(read_lines(directory / "results" / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
+        result = paired_test(read_lines(WorkDir(directory).results / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
                              test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED)
         row["p_value"] = round(result["bleu"].p_value, 4)
 

@@ -30,6 +30,7 @@ from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, exclusive
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
+from nmtkit.workdir import WorkDir
 
 STOPPED_CODES = (130, 143)  # the child was interrupted (SIGINT / SIGTERM) and saved a checkpoint
 
@@ -116,7 +117,7 @@ def _link_prepared(sweep: Sweep, variant: Variant) -> None:
     shared.mkdir(parents=True, exist_ok=True)
     directory = sweep.variant_dir(variant.name)
     directory.mkdir(parents=True, exist_ok=True)
-    link, target = directory / "prepared", Path("..", "..", "prepared", variant.data_key)
+    link, target = WorkDir(directory).prepared, Path("..", "..", "prepared", variant.data_key)
     if link.is_symlink():
         if Path(os.readlink(link)) == target:
             return

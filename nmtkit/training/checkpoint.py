@@ -26,6 +26,7 @@ from nmtkit.files import atomic_write_text, sha256_file
 from nmtkit.checksums import verify
 from nmtkit.modeldir import (check_weights, read_json, read_meta, read_model_weights, read_weights,
                              save_model_dir, state_dict_for_save, write_weights)
+from nmtkit.workdir import RunDir
 
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -54,7 +55,7 @@ def checkpoint_step(path: Path) -> int:
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     """Complete-looking checkpoint directories, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(Path(run_dir)).checkpoints
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
@@ -104,7 +105,7 @@ def save_checkpoint(run_dir: Path, model, model_cfg, optimizer, trainer: Trainer
                    "sha256": sha256_file(tmp / TRAINER_TENSORS)}
         atomic_write_text(tmp / TRAINER_JSON, json.dumps(payload, indent=1) + "\n")
 
-    out = Path(run_dir) / "checkpoints" / f"step_{trainer.step:08d}"
+    out = RunDir(Path(run_dir)).checkpoints / f"step_{trainer.step:08d}"
     weights = {k: v.detach().to("cpu").contiguous() for k, v in ema.items()} if ema is not None else raw
     return save_model_dir(model, model_cfg, out, spm_src, spm_tgt, {**meta, "step": trainer.step},
                           weights=weights, write_extra=write_trainer)
@@ -242,7 +243,7 @@ def tidy_run_dir(run_dir: Path) -> None:
     a kill between them leaves only ``.X.old``, which is complete and is moved back. Other
     hidden leftovers (temp dirs and files, ``.X.deleting`` of a pruned checkpoint) are removed.
     """
-    for parent in (Path(run_dir), Path(run_dir) / "checkpoints"):
+    for parent in (Path(run_dir), RunDir(Path(run_dir)).checkpoints):
         for path in parent.iterdir() if parent.is_dir() else []:
             match = _LEFTOVER.match(path.name)
             if match and path.is_dir():
@@ -267,8 +268,8 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory not found: {run_dir}")
-    out = check_output_dir(output if output is not None else run_dir / "averaged", model_dir_problem)
-    if out.resolve().parent == (run_dir / "checkpoints").resolve():
+    out = check_output_dir(output if output is not None else RunDir(run_dir).averaged, model_dir_problem)
+    if out.resolve().parent == RunDir(run_dir).checkpoints.resolve():
         raise ConfigError(f"-o {output}: a checkpoint of the run; write the average elsewhere")
     dirs = checkpoint_dirs(run_dir)
     if not dirs:
