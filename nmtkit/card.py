@@ -189,14 +189,14 @@ def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
 
 
 def run_config(run: RunDir, warn: Callable[[str], None]) -> Optional[dict]:
-    """The run's resolved recipe, checked as ``load_config`` checks a recipe; None (said
-    through ``warn``) when it is missing or damaged."""
-    from nmtkit.config import load_config
+    """The run's resolved recipe, read once and held to the rules of a recipe; None (said through
+    ``warn``) when it is missing or damaged."""
+    from nmtkit.config import from_dict
 
     try:
         config = read_run_config(run.path)
         if config is not None:
-            load_config(run.config)  # what it means, held to the recipe rules
+            from_dict(config)  # what it means, held to the recipe rules
     except NmtkitError as err:
         warn(f"recipe left out: {err}" if str(run.config) in str(err) else f"recipe left out: {run.config}: {err}")
         return None

@@ -30,12 +30,14 @@ def read_run_config(run_dir: str | Path) -> Optional[dict]:
     compares and the model card shows): None when there is none, DataError when damaged."""
     import yaml
 
+    from nmtkit.recipe_text import safe_yaml
+
     path = RunDir(Path(run_dir)).config
     if not path.is_file():
         return None
-    try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError):
+    try:  # read as a recipe is (no anchors or aliases): the one way a saved config is read
+        saved = safe_yaml(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, ConfigError):
         saved = None
     if not isinstance(saved, dict) or not all(isinstance(saved.get(s, {}), dict) for s in ("model", "train", "vocab")):
         raise DataError(f"{path} is damaged")

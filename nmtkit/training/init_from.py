@@ -68,3 +68,11 @@ def load_initial_weights(model, init: InitSource, device) -> None:
     """Put the init model's weights (verified against its checksums) into ``model``."""
     weights = read_model_weights(init.path, init.meta)
     load_weights(model, {name: tensor.to(device) for name, tensor in weights.items()}, init.path)
+
+
+def start_from(init: InitSource, model, src_spm: Path, tgt_spm: Path, device) -> dict:
+    """A new fine-tuning run's start: the init model's weights in ``model``, after checking that
+    the prepared data uses its vocabulary; returns the record its model directories keep."""
+    check_vocabulary(init, src_spm, tgt_spm)
+    load_initial_weights(model, init, device)
+    return init.record()

@@ -1,11 +1,12 @@
-"""What a training run is about to do, as a table: ``nmtkit train --dry-run`` and the start of
-every run."""
+"""What a training run is about to do, as a table: ``nmtkit train --dry-run`` (``dry_run``) and
+the start of every run."""
 from __future__ import annotations
 
 from typing import Optional
 
 from nmtkit.config import Config
-from nmtkit.models.build import parameter_table
+from nmtkit.errors import DataError
+from nmtkit.models.build import build_model, parameter_table
 from nmtkit.training import distributed as dist
 
 
@@ -42,3 +43,24 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
     (console.print if always else console.info)(table)  # information before training (-q hides it);
     # the answer itself for --dry-run (always)
     return {**counts, "active": active, "effective_batch_tokens": effective}
+
+
+def dry_run(cfg: Config, console, device, dtype) -> None:
+    """``nmtkit train --dry-run``: the table, before `prepare` too (vocab.size stands in for the
+    SentencePiece models). A train.init_from model is checked against the recipe (and the
+    prepared vocabulary, if any)."""
+    from nmtkit.training.init_from import check_vocabulary, init_source
+    from nmtkit.training.startup import prepared_vocabs
+
+    init = init_source(cfg)
+    try:
+        src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
+    except DataError:
+        sizes = (cfg.vocab.size, cfg.vocab.size)
+    else:
+        sizes = (len(src_vocab), len(tgt_vocab))
+        if init is not None:
+            check_vocabulary(init, src_path, tgt_path)
+    if dist.is_main():
+        print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype, always=True,
+                      init=init.record() if init is not None else None)

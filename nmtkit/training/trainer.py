@@ -4,10 +4,11 @@
 ``restart``; a resumed run replays exactly the batches and random numbers an
 uninterrupted run would have used. SIGINT/SIGTERM finish the current step, save and exit.
 Under ``torchrun`` each rank takes its own micro-batches of every update (see distributed.py).
+What comes before the first update (data, lock, resume) is in startup.py, the weight
+average in ema.py, the metrics log in ``nmtkit.runlog``.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -21,72 +22,30 @@ import torch
 from nmtkit.compiler import maybe_compile
 from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
-from nmtkit.data.identity import changes, identity, read_record, write_record
-from nmtkit.data.ids import load_split, prepared_file
 from nmtkit.data.mixing import corpus_weights, epoch_pairs
-from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.device import autocast, resolve_device, resolve_dtype
-from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
-from nmtkit.files import exclusive, read_lines
-from nmtkit.modeldir import load_weights, save_model_dir, unique_state
+from nmtkit.errors import ConfigError
+from nmtkit.modeldir import save_model_dir
 from nmtkit.models.build import build_model
-from nmtkit.runlog import MetricsLog, check_resume_settings, summary_writer_class
+from nmtkit.runlog import MetricsLog, summary_writer_class
 from nmtkit.threads import configure_threads
 from nmtkit.training import distributed as dist
-from nmtkit.training.checkpoint import (TrainerState, check_fits, checkpoint_dirs, latest_checkpoint,
-                                        prune_checkpoints, save_checkpoint, tidy_run_dir)
-from nmtkit.training.init_from import InitSource, check_vocabulary, init_source, load_initial_weights
+from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint
+from nmtkit.training.ema import ema_weights, restored_ema, update_ema
+from nmtkit.training.failures import TrainingStopped, out_of_memory_names
+from nmtkit.training.init_from import init_source, start_from
 from nmtkit.training.loss import TrainingLoss
 from nmtkit.training.optim import make_optimizer
 from nmtkit.training.precision import LossScaler
 from nmtkit.training.routing import RouterWindow, router_penalty
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.signals import StopFlag
-from nmtkit.training.summary import print_summary
+from nmtkit.training.startup import (check_data, load_training_data, newest_checkpoint, prepared_vocabs,
+                                     refuse_beyond_table, restore, run_lock)
+from nmtkit.training.summary import dry_run, print_summary
 from nmtkit.training.validation import dev_bleu, dev_loss
 from nmtkit.workdir import RunDir, WorkDir
-
-
-class TrainingStopped(NmtkitError):
-    """Training cannot go on (e.g. too many consecutive non-finite steps)."""
-
-
-@contextlib.contextmanager
-def _out_of_memory_names(batch, update: int, max_tokens: int):
-    """Running out of memory on ``batch`` becomes a one-line error naming the batch; training
-    never retries on a smaller batch, which would silently change what it computes."""
-    try:
-        yield
-    except (RuntimeError, MemoryError) as err:
-        text = str(err)
-        if not (isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in text
-                or "can't allocate memory" in text):
-            raise
-        raise TrainingStopped(f"out of memory at update {update} on a batch of {batch.src.shape[0]} sentences "
-                              f"({batch.src.numel()} source and {batch.tgt_in.numel()} target tokens with "
-                              f"padding); lower train.max_tokens (now {max_tokens}) and raise train.update_freq "
-                              f"to keep the effective batch") from err
-
-
-def _refuse_beyond_table(data, max_positions: int, where: Path) -> None:
-    """A learned position table has no row past ``max_positions``: cutting the sentences that
-    need one would train on silently changed data, so training refuses them instead."""
-    longest = max(int(data.src_lengths().max()), int(data.tgt_lengths().max()) + 1)  # targets start with BOS
-    if longest > max_positions:
-        raise ConfigError(f"{where} has a sentence of {longest} positions but model.positions=learned has "
-                          f"model.max_positions={max_positions} rows; raise model.max_positions, or lower "
-                          f"data.clean.max_len and prepare again")
-
-
-def _vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
-    prepared = WorkDir.of(cfg).prepared
-    src_name, tgt_name = spm_files(cfg.vocab.joint)
-    src_path, tgt_path = prepared / src_name, prepared / tgt_name
-    if not src_path.is_file():
-        raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
-    src_path, tgt_path = prepared_file(src_path), prepared_file(tgt_path)
-    return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
 
 
 def train(cfg: Config, console, restart: bool = False, dry_run: bool = False) -> Optional[Path]:
@@ -101,15 +60,15 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     if cfg.train.tensorboard:
         summary_writer_class()  # a missing package is found now, not at the first log step
     if dry_run:
-        _dry_run(cfg, console, device, dtype)
+        dry_run(cfg, console, device, dtype)
         return None
-    src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
     if device.type == "cpu":
         configure_threads(cfg.train.threads, console)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
     run_dir = WorkDir.of(cfg).run.path
-    with _holding(run_dir):
+    with run_lock(run_dir):
         if restart and dist.is_main() and run_dir.exists():
             backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
             os.replace(run_dir, backup)
@@ -118,50 +77,19 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
         return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir).run()
 
 
-def _dry_run(cfg: Config, console, device: torch.device, dtype) -> None:
-    """The --dry-run table; works before `prepare` (vocab.size stands in for the SentencePiece models).
-    A train.init_from model is checked against the recipe (and the prepared vocabulary, if any)."""
-    init = init_source(cfg)
-    try:
-        src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
-    except DataError:
-        sizes = (cfg.vocab.size, cfg.vocab.size)
-    else:
-        sizes = (len(src_vocab), len(tgt_vocab))
-        if init is not None:
-            check_vocabulary(init, src_path, tgt_path)
-    if dist.is_main():
-        print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype, always=True,
-                      init=init.record() if init is not None else None)
-
-
-def _holding(run_dir: Path):
-    """The run's lock (rank 0 takes it for all ranks): a second ``nmtkit train`` on the same
-    run would delete the first one's temp files and interleave its metrics. The lock is the
-    work directory's, beside the run, so ``--restart`` moving the run aside keeps it held."""
-    if not dist.is_main():
-        return contextlib.nullcontext()
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    return exclusive(run_dir.parent, "another `nmtkit train`")
-
 
 class Trainer:
     def __init__(self, cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir):
         self.cfg, self.console, self.device, self.dtype = cfg, console, device, dtype
         self.src_path, self.tgt_path, self.run_dir = src_path, tgt_path, run_dir
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        work = WorkDir.of(cfg)
-        sizes = (len(src_vocab), len(tgt_vocab))
-        self.train_data = load_split(prepared_file(work.ids("train")), sizes)
-        self.dev = load_split(prepared_file(work.ids("dev")), sizes)
-        texts = work.text("dev", cfg.data.src_lang), work.text("dev", cfg.data.tgt_lang)
-        self.dev_sources, self.dev_refs = (read_lines(prepared_file(p)) if p.is_file() else [] for p in texts)
-        if len(self.train_data) == 0:
-            raise DataError(f"{work.ids('train')} holds no sentence pairs")
+        self.train_data, self.dev, self.dev_sources, self.dev_refs = load_training_data(
+            cfg, (len(src_vocab), len(tgt_vocab)))
         # sentence lengths, computed once: every update needs its batches' target tokens
         self.src_lengths, self.tgt_lengths = self.train_data.src_lengths(), self.train_data.tgt_lengths()
         # several corpora: each epoch's pairs chosen by weight (data/mixing.py); None: every pair once
-        self.corpus_weights = corpus_weights(self.train_data.corpus, cfg.data.corpora, work.ids("train"))
+        self.corpus_weights = corpus_weights(self.train_data.corpus, cfg.data.corpora,
+                                             WorkDir.of(cfg).ids("train"))
         self.sampler = None  # subword regularisation: the training ids re-segmented every epoch
         if cfg.train.subword_alpha > 0:
             from nmtkit.data.subword_sampling import SubwordSampler
@@ -180,7 +108,7 @@ class Trainer:
         self.max_len = getattr(model, "max_positions", None)
         m = cfg.model
         if m.arch == "transformer" and m.positions == "learned":
-            _refuse_beyond_table(self.train_data, m.max_positions, work.ids("train"))
+            refuse_beyond_table(self.train_data, m.max_positions, WorkDir.of(cfg).ids("train"))
         self.optimizer = make_optimizer(self.model, cfg, device)
         self.loss_scaler = LossScaler(dtype, device)  # fp16 only
         self.state = TrainerState()
@@ -195,71 +123,31 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
+        """Go on from the newest good checkpoint, or start a new run (from train.init_from's weights
+        when set); either way RUN_DIR/config.yaml ends up holding the recipe this session trains with."""
+        ck = newest_checkpoint(self.cfg, self.run_dir, self.model, self.optimizer, self.console)
+        init = init_source(self.cfg) if ck is None else None
+        if init is not None:  # a new fine-tuning run: the weights of train.init_from, a fresh optimizer and step
+            self.meta["init_from"] = start_from(init, self.model, self.src_path, self.tgt_path, self.device)
+            self.console.info(f"fine-tuning: starting from the weights of {init.path} (step {init.meta.get('step')})")
         if dist.is_main():
-            tidy_run_dir(self.run_dir)
-        dist.barrier()
-        if checkpoint_dirs(self.run_dir):  # a changed model is a settings error, not a damaged checkpoint
-            check_resume_settings(self.cfg, self.run_dir, self.console)
-        ck = latest_checkpoint(self.run_dir, warn=self.console.warn,
-                               check=lambda ck: check_fits(ck, self.model, self.optimizer))
-        if ck is None and checkpoint_dirs(self.run_dir):
-            raise CheckpointError(f"no readable checkpoint in {self.run_dir / 'checkpoints'} (see the warnings); "
-                                  f"move the damaged ones away, or use --restart to start over")
-        if ck is None:
-            self._start_from(init_source(self.cfg))
-            if dist.is_main():
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                self._check_data(resuming=False)
-                save_config(self.cfg, RunDir(self.run_dir).config)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            check_data(self.run_dir, (self.src_path, self.tgt_path), self.train_data, ck is not None, self.console.warn)
+        if ck is not None:
+            restore(ck, self.model, self.optimizer, self.device)
+            self.state = ck.trainer
+            self.loss_scaler.load(self.state.loss_scaler)
+            if "init_from" in ck.meta:  # a fine-tuning run: its own checkpoints say where it started
+                self.meta["init_from"] = ck.meta["init_from"]
+        self.ema = restored_ema(ck.ema if ck is not None else None, self.model, self.cfg.train.ema_decay, self.device)
+        if dist.is_main():
+            if ck is None:
                 self.metrics.start_over()
-            self._init_ema()
-            return
-        if dist.is_main():
-            self._check_data(resuming=True)
-        load_weights(self.model, {k: v.to(self.device) for k, v in ck.weights.items()}, ck.path)
-        self.optimizer.load_state_dict(ck.optimizer)
-        torch.set_rng_state(ck.rng["torch"])
-        if "cuda" in ck.rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(ck.rng["cuda"])
-        self.state = ck.trainer
-        if "init_from" in ck.meta:  # a fine-tuning run: its own checkpoints say where it started
-            self.meta["init_from"] = ck.meta["init_from"]
-        self.loss_scaler.load(self.state.loss_scaler)
-        self.ema = {k: v.to(self.device).float() for k, v in ck.ema.items()} if ck.ema is not None else None
-        if self.cfg.train.ema_decay > 0 and self.ema is None:
-            self._init_ema()
-        if dist.is_main():
+            else:
+                self.metrics.truncate_after(self.state.step)
             save_config(self.cfg, RunDir(self.run_dir).config)
-            self.metrics.truncate_after(self.state.step)
-        self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
-
-    def _start_from(self, init: Optional[InitSource]) -> None:
-        """A new fine-tuning run: the init model's weights, on its vocabulary (optimizer and step stay fresh)."""
-        if init is None:
-            return
-        check_vocabulary(init, self.src_path, self.tgt_path)
-        load_initial_weights(self.model, init, self.device)
-        self.meta["init_from"] = init.record()
-        self.console.info(f"fine-tuning: starting from the weights of {init.path} (step {init.meta.get('step')})")
-
-    def _check_data(self, resuming: bool) -> None:
-        """Refuse to resume on other data than the run started on; record it for a new run
-        (and for a run of an older nmtkit, which recorded nothing to compare with)."""
-        current = identity({path.name: path for path in (self.src_path, self.tgt_path)}, self.train_data)
-        recorded = read_record(RunDir(self.run_dir).data_record, self.console.warn) if resuming else None
-        changed = changes(recorded, current) if recorded is not None else []
-        if changed:
-            raise DataError(f"the prepared data changed since the run in {self.run_dir} started "
-                            f"({'; '.join(changed)}): its checkpoints do not fit it; "
-                            f"use --restart to start over (the old run is moved aside, not deleted)")
-        if recorded != current:
-            write_record(RunDir(self.run_dir).data_record, current)
-
-    def _init_ema(self) -> None:
-        if self.cfg.train.ema_decay > 0:
-            # tied weights once: the EMA is saved as a model dir, whose loader wants each tensor once
-            self.ema = {k: v.detach().clone().float() for k, v in unique_state(self.model).items()
-                        if v.is_floating_point()}
+        if ck is not None:
+            self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
 
     def _log(self, record: dict) -> None:
         if dist.is_main():
@@ -319,7 +207,7 @@ class Trainer:
             dist.seed_micro_batch(t.seed, self.state.step, dist.rank() * update_freq + i, self.device)
             batch = batch.to(self.device)
             last = i == len(batches) - 1
-            with _out_of_memory_names(batch, self.state.step + 1, t.max_tokens), \
+            with out_of_memory_names(batch, self.state.step + 1, t.max_tokens), \
                     dist.no_sync_unless(self.objective, last), \
                     autocast(self.device, self.dtype):
                 loss, nll = self._loss(batch, scale)
@@ -338,7 +226,7 @@ class Trainer:
         self.loss_scaler.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            self._update_ema()
+            update_ema(self.ema, self.model, t.ema_decay)
         return loss_sum, nll_sum, total_tokens
 
     def _loss(self, batch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -353,13 +241,6 @@ class Trainer:
             self.router_window.add(stats)
         self.loss_scaler.scaled(total * scale).backward()
         return loss, nll
-
-    @torch.no_grad()
-    def _update_ema(self) -> None:
-        current = self.model.state_dict()
-        keys = list(self.ema)
-        torch._foreach_lerp_([self.ema[k] for k in keys], [current[k].float() for k in keys],
-                             1.0 - self.cfg.train.ema_decay)
 
     def run(self) -> Path:
         self._resume()
@@ -479,22 +360,18 @@ class Trainer:
     def _validate_main(self) -> None:
         """Dev loss (+ BLEU); keeps RUN_DIR/best by the configured metric."""
         t, cfg = self.cfg.train, self.cfg
-        swapped = self._swap_ema()
-        try:
+        with ema_weights(self.model, self.ema):  # with an EMA, it is the averaged weights that are validated
             scores = dev_loss(self.model, self.dev, t.max_tokens, self.device, self.dtype, self.max_len)
             if t.best_metric == "bleu" and self.dev_refs and self.dev_sources:
                 # the recipe's decode settings at the dev beam, one hypothesis per sentence
                 options = TranslateOptions.from_decode(cfg.decode, beam_size=t.dev_bleu_beam, nbest=1)
                 scores.update(dev_bleu(self.model, self.dev_sources, self.dev_refs, self.src_vocab, self.tgt_vocab,
                                        self.device, self.dtype, options, t.dev_bleu_max_sentences))
-        finally:
-            if swapped is not None:
-                self.model.load_state_dict(swapped)
         metric = scores.get("dev_bleu") if t.best_metric == "bleu" and "dev_bleu" in scores else -scores["dev_loss"]
         improved = self.state.best_score is None or metric > self.state.best_score
         if improved:
             self.state.best_score, self.state.best_step, self.state.bad_validations = metric, self.state.step, 0
-            save_model_dir(self.model, cfg.model, self.run_dir / "best", self.src_path, self.tgt_path,
+            save_model_dir(self.model, cfg.model, RunDir(self.run_dir).best, self.src_path, self.tgt_path,
                            {**self.meta, "step": self.state.step, **scores}, weights=self.ema)
         else:
             self.state.bad_validations += 1
@@ -504,10 +381,3 @@ class Trainer:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
         self.console.info(f"[bold]valid[/bold] step {self.state.step}: {shown}{' (best)' if improved else ''}")
 
-    def _swap_ema(self) -> Optional[dict]:
-        """Load EMA weights for validation; returns the raw weights to restore."""
-        if self.ema is None:
-            return None
-        raw = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict({k: v.to(raw[k].dtype) for k, v in self.ema.items()}, strict=False)
-        return raw

@@ -1,0 +1,109 @@
+"""What happens before a session's first update: the prepared data loaded and checked (against
+the model and against what the run started on), the run locked, and the newest good checkpoint
+found and restored (weights, optimizer, random state), so a resumed run goes on exactly where it stopped."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from nmtkit.config import Config
+from nmtkit.data.identity import changes, identity, read_record, write_record
+from nmtkit.data.ids import ParallelIds, load_split, prepared_file
+from nmtkit.data.vocab import Vocab, spm_files
+from nmtkit.errors import CheckpointError, ConfigError, DataError
+from nmtkit.files import exclusive, read_lines
+from nmtkit.modeldir import load_weights
+from nmtkit.runlog import check_resume_settings
+from nmtkit.training import distributed as dist
+from nmtkit.training.checkpoint import LoadedCheckpoint, check_fits, checkpoint_dirs, latest_checkpoint, tidy_run_dir
+from nmtkit.workdir import RunDir, WorkDir
+
+
+def refuse_beyond_table(data: ParallelIds, max_positions: int, where: Path) -> None:
+    """A learned position table has no row past ``max_positions``: cutting the sentences that
+    need one would train on silently changed data, so training refuses them instead."""
+    longest = max(int(data.src_lengths().max()), int(data.tgt_lengths().max()) + 1)  # targets start with BOS
+    if longest > max_positions:
+        raise ConfigError(f"{where} has a sentence of {longest} positions but model.positions=learned has "
+                          f"model.max_positions={max_positions} rows; raise model.max_positions, or lower "
+                          f"data.clean.max_len and prepare again")
+
+
+def check_data(run_dir: Path, spm_models: tuple[Path, Path], train_data: ParallelIds, resuming: bool,
+               warn: Callable[[str], None]) -> None:
+    """Refuse to resume on other data than the run started on; record it for a new run
+    (and for a run of an older nmtkit, which recorded nothing to compare with)."""
+    current = identity({path.name: path for path in spm_models}, train_data)
+    record = RunDir(run_dir).data_record
+    recorded = read_record(record, warn) if resuming else None
+    changed = changes(recorded, current) if recorded is not None else []
+    if changed:
+        raise DataError(f"the prepared data changed since the run in {run_dir} started "
+                        f"({'; '.join(changed)}): its checkpoints do not fit it; "
+                        f"use --restart to start over (the old run is moved aside, not deleted)")
+    if recorded != current:
+        write_record(record, current)
+
+
+def newest_checkpoint(cfg: Config, run_dir: Path, model, optimizer, console) -> Optional[LoadedCheckpoint]:
+    """The newest checkpoint that can continue this run (damaged newer ones are skipped with a
+    warning, after rank 0 finished what a killed trainer left half-done); None for a new run.
+    A ConfigError when the recipe now asks for another model (before any checkpoint is tried,
+    so it is not mistaken for damage), a CheckpointError when none is readable."""
+    if dist.is_main():
+        tidy_run_dir(run_dir)
+    dist.barrier()
+    if checkpoint_dirs(run_dir):
+        check_resume_settings(cfg, run_dir, console)
+    ck = latest_checkpoint(run_dir, warn=console.warn, check=lambda ck: check_fits(ck, model, optimizer))
+    if ck is None and checkpoint_dirs(run_dir):
+        raise CheckpointError(f"no readable checkpoint in {RunDir(run_dir).checkpoints} (see the warnings); "
+                              f"move the damaged ones away, or use --restart to start over")
+    return ck
+
+
+def restore(ck: LoadedCheckpoint, model, optimizer, device: torch.device) -> None:
+    """Weights, optimizer state and random state as they were when ``ck`` was saved."""
+    load_weights(model, {k: v.to(device) for k, v in ck.weights.items()}, ck.path)
+    optimizer.load_state_dict(ck.optimizer)
+    torch.set_rng_state(ck.rng["torch"])
+    if "cuda" in ck.rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(ck.rng["cuda"])
+
+
+def prepared_vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
+    """The prepared SentencePiece models (paths, verified) and their vocabularies."""
+    prepared = WorkDir.of(cfg).prepared
+    src_name, tgt_name = spm_files(cfg.vocab.joint)
+    src_path, tgt_path = prepared / src_name, prepared / tgt_name
+    if not src_path.is_file():
+        raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
+    src_path, tgt_path = prepared_file(src_path), prepared_file(tgt_path)
+    return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
+
+
+def load_training_data(cfg: Config, vocab_sizes: tuple[int, int]
+                       ) -> tuple[ParallelIds, ParallelIds, list[str], list[str]]:
+    """The prepared training and dev ids (checked against the vocabularies) and the dev source and
+    reference text for dev BLEU (empty lists when there is none)."""
+    work = WorkDir.of(cfg)
+    train = load_split(prepared_file(work.ids("train")), vocab_sizes)
+    dev = load_split(prepared_file(work.ids("dev")), vocab_sizes)
+    texts = work.text("dev", cfg.data.src_lang), work.text("dev", cfg.data.tgt_lang)
+    dev_sources, dev_refs = (read_lines(prepared_file(p)) if p.is_file() else [] for p in texts)
+    if len(train) == 0:
+        raise DataError(f"{work.ids('train')} holds no sentence pairs")
+    return train, dev, dev_sources, dev_refs
+
+
+def run_lock(run_dir: Path):
+    """The run's lock (rank 0 takes it for all ranks): a second ``nmtkit train`` on the same
+    run would delete the first one's temp files and interleave its metrics. The lock is the
+    work directory's, beside the run, so ``--restart`` moving the run aside keeps it held."""
+    if not dist.is_main():
+        return contextlib.nullcontext()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return exclusive(run_dir.parent, "another `nmtkit train`")
