@@ -18,35 +18,34 @@ Work-dir layout (training, translation and scoring rely on it):
 Each step runs only when what it depends on changed: ``fetch`` (read the source, write dev,
 test and the text-filtered train) on the data config and the source's fingerprint; ``spm``
 on the vocab config and the fetched train text; ``encode`` (length filters, ids) on the
-length limits, the models and the texts. A stamp is removed before a step touches its
-outputs and written after they are complete, so an interrupted step is redone; every file
-is written atomically.
+length limits, the models and the texts (the stamps: ``steps.py``); every file is written
+atomically. The summary it prints: ``summary.py``.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from nmtkit.checksums import MANIFEST, write_manifest
-from nmtkit.config import Config, load_config, save_config
+from nmtkit.config import Config, save_config
 from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder
 from nmtkit.data.identity import changes, identity, read_record
+from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
+from nmtkit.data.steps import remove_leftovers, run_step
 from nmtkit.data.vocab import Vocab, reused_models, spm_files, train_spm
-from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.files import atomic_open, atomic_write_text, exclusive, sha256_file
+from nmtkit.errors import ConfigError, DataError
+from nmtkit.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
@@ -62,61 +61,23 @@ def prepare(cfg: Config, console) -> dict:
     out = WorkDir.of(cfg).prepared
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out, "another `nmtkit prepare`"):
-        _remove_leftovers(out)
-        _save_config(cfg)
+        remove_leftovers(out)
+        save_config(cfg, WorkDir.of(cfg).config)  # left alone when unchanged
         status = {}
-        fetch, status["fetch"] = _step(out, "fetch", _fetch_inputs(cfg), lambda: _fetch(cfg, out, console))
-        spm, status["spm"] = _step(out, "spm", _spm_inputs(cfg, fetch), lambda: _make_vocab(cfg, out, console))
-        encoded, status["encode"] = _step(out, "encode", _encode_inputs(cfg, fetch, spm),
-                                          lambda: _encode(cfg, out, fetch, console))
+        fetch, status["fetch"] = run_step(out, "fetch", _fetch_inputs(cfg), lambda: _fetch(cfg, out, console))
+        spm, status["spm"] = run_step(out, "spm", _spm_inputs(cfg, fetch), lambda: _make_vocab(cfg, out, console))
+        encoded, status["encode"] = run_step(out, "encode", _encode_inputs(cfg, fetch, spm),
+                                             lambda: _encode(cfg, out, fetch, console))
         manifest = _manifest(cfg, fetch, spm, encoded)
-        rewritten = _write_if_changed(out / "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        rewritten = write_text_if_changed(out / "manifest.json",
+                                          json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
         if rewritten or "done" in status.values() or not (out / MANIFEST).is_file():
             write_manifest(out, [p.name for p in out.iterdir()
                                  if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST])
         if "done" in (status["spm"], status["encode"]):
             _warn_if_a_run_is_left_behind(cfg, out, console)
-    _print_summary(console, manifest, status, out)
+    print_summary(console, manifest, status, out)
     return {**manifest, "steps": status, "prepared_dir": str(out)}
-
-
-# --- steps and stamps --------------------------------------------------------------------------
-
-def _step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, list[str]]]) -> tuple[dict, str]:
-    """Run ``work`` unless its stamp matches ``inputs`` and its outputs are untouched.
-
-    ``work`` returns (report, output file names); the report is kept in the stamp so a
-    skipped step still contributes to the manifest.
-    """
-    stamp_path = out / "stamps" / f"{name}.json"
-    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
-    stamp = _read_json(stamp_path)
-    if stamp and stamp.get("key") == key and all(
-            _file_state(out / file) == state for file, state in stamp.get("outputs", {}).items()):
-        return stamp["report"], "up to date"
-    stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete,
-    (out / MANIFEST).unlink(missing_ok=True)  # and no checksums (rewritten at the end)
-    report, outputs = work()
-    stamp = {"key": key, "inputs": inputs, "outputs": {file: _file_state(out / file) for file in outputs},
-             "report": report}
-    atomic_write_text(stamp_path, json.dumps(stamp, indent=1, ensure_ascii=False) + "\n")
-    return report, "done"
-
-
-def _file_state(path: Path) -> list[int] | None:
-    """Size and modification time: any rewrite of an output changes them."""
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return [stat.st_size, stat.st_mtime_ns]
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def _warn_if_a_run_is_left_behind(cfg: Config, out: Path, console) -> None:
@@ -126,38 +87,13 @@ def _warn_if_a_run_is_left_behind(cfg: Config, out: Path, console) -> None:
 
     run_dir = WorkDir.of(cfg).run
     recorded = read_record(run_dir.data_record, console.warn)
-    if recorded is None or not any((run_dir.path / "checkpoints").glob("step_*")):
+    if recorded is None or not any(run_dir.checkpoints.glob("step_*")):
         return
     current = identity({name: out / name for name in set(spm_files(cfg.vocab.joint))}, load_split(out / "train.npz"))
     changed = changes(recorded, current)
     if changed:
         console.warn(f"the data changed under the run in {run_dir.path} ({'; '.join(changed)}): `nmtkit train` "
                      f"will not resume it; `nmtkit train --restart` starts over (the old run is moved aside)")
-
-
-def _remove_leftovers(out: Path) -> None:
-    """Temp files of a killed run (atomic writes, SentencePiece scratch dirs); we hold the lock."""
-    for path in itertools.chain(out.glob(".*.tmp"), (out / "stamps").glob(".*.tmp")):
-        path.unlink(missing_ok=True)
-    for path in out.glob("tmp*"):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _save_config(cfg: Config) -> None:
-    path = WorkDir.of(cfg).config
-    with contextlib.suppress(NmtkitError):
-        if path.is_file() and load_config(path).to_dict() == cfg.to_dict():
-            return  # unchanged: leave the file (and its mtime) alone
-    save_config(cfg, path)
-
-
-def _write_if_changed(path: Path, text: str) -> bool:
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        if path.read_text(encoding="utf-8") == text:
-            return False
-    atomic_write_text(path, text)
-    return True
 
 
 # --- fetch: read the source(s), text rules, write dev/test/train.prefilter ----------------------
@@ -187,7 +123,7 @@ def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
     with console.terminal_bar("cleaning training pairs", corpora.total) as advance:
         files.update(_write_pairs(out, "train.prefilter", data, corpora.train(advance)))
     if not files[f"train.prefilter.{data.src_lang}"]["lines"]:
-        raise DataError(f"no training pairs left after cleaning ({_counts_text(corpora.filter.counts)})")
+        raise DataError(f"no training pairs left after cleaning ({counts_text(corpora.filter.counts)})")
     report = {"source": data.source or "corpora", "provenance": corpora.provenance,
               "cleaning": corpora.filter.counts, "files": files}
     if data.corpora:
@@ -310,7 +246,7 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
                     for model, lang in zip(models, langs))
     keep, counts = length_filter(src.lengths, tgt.lengths, clean.max_len, clean.max_ratio)
     if not keep.any():
-        raise DataError(f"no training pairs left after the length filters ({_counts_text(counts)}; "
+        raise DataError(f"no training pairs left after the length filters ({counts_text(counts)}; "
                         f"see data.clean.max_len and data.clean.max_ratio)")
     kept = itertools.compress(zip(*(_read_text(out / f"train.prefilter.{lang}") for lang in langs)), keep)
     files = _write_pairs(out, "train", data, kept)
@@ -378,40 +314,3 @@ def _corpora_counts(fetched: list[dict], encoded: list[dict]) -> list[dict]:
     return [{"name": text["name"], "source": text["source"], "tag": text["tag"], "read": text["read"],
              "dropped": {rule: {**text, **lengths}[rule] for rule in RULES}, "kept": lengths["kept"]}
             for text, lengths in zip(fetched, encoded)]
-
-
-def _print_summary(console, manifest: dict, status: dict, out: Path) -> None:
-    from rich.table import Table
-
-    cleaning = manifest["cleaning"]
-    table = Table(title=f"prepared {out}", title_justify="left")
-    for column in ("", "pairs", "src tokens", "tgt tokens"):
-        table.add_column(column, justify="left" if not column else "right")
-    table.add_row("train read", f"{cleaning['read']:,}", "", "")
-    for rule, count in cleaning["dropped"].items():
-        table.add_row(f"  dropped: {rule}", f"{count:,}", "", "")
-    for split in SPLITS:
-        tokens = manifest["tokens"][split]
-        table.add_row(split, f"{manifest['splits'][split]['pairs']:,}", f"{tokens['src']:,}", f"{tokens['tgt']:,}")
-    console.info(table)
-    for corpus in manifest.get("corpora", []):
-        dropped_text = _counts_text({rule: count for rule, count in corpus["dropped"].items() if count}) or "none"
-        console.info(f"corpus {corpus['name']}" + (f" (tag {corpus['tag']})" if corpus["tag"] else "") +
-                     f": read {corpus['read']:,}, kept {corpus['kept']:,}; dropped: {dropped_text}")
-    dropped = {reason: count for reason, count in manifest["provenance"].get("dropped_verses", {}).items() if count}
-    if dropped:
-        console.info("verses not paired: " + _counts_text(dropped))
-    vocab = manifest["vocab"]
-    sizes = vocab["size"]
-    size_text = f"{sizes['src']:,}" if vocab["joint"] else f"{sizes['src']:,} src / {sizes['tgt']:,} tgt"
-    console.info(f"vocab: {vocab['type']}, {'joint' if vocab['joint'] else 'separate'}, {size_text} pieces" +
-                 (f" (reused from {vocab['from']})" if "from" in vocab else ""))
-    unknown = manifest.get("unknown", {})
-    if "from" in vocab or any(count for sides in unknown.values() for count in sides.values()):
-        console.info("unknown pieces (<unk>): " + ", ".join(
-            f"{split} {sides['src']:,} src / {sides['tgt']:,} tgt" for split, sides in unknown.items()))
-    console.info("steps: " + ", ".join(f"{name} {state}" for name, state in status.items()))
-
-
-def _counts_text(counts: dict) -> str:
-    return ", ".join(f"{name} {count:,}" for name, count in counts.items())

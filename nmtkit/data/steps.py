@@ -1,0 +1,60 @@
+"""Steps that run only when what they depend on changed (the engine behind ``nmtkit prepare``).
+
+A step's inputs are hashed into a key; its stamp, DIR/stamps/NAME.json, keeps the key, the
+size and mtime of every output and the step's report. A step is skipped when the key matches
+and no output was touched; otherwise its stamp (and DIR's checksums.json) is removed before
+the step touches its outputs and written after they are complete, so an interrupted step is
+redone. The caller holds DIR's lock (``nmtkit.files.exclusive``).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from nmtkit.checksums import MANIFEST
+from nmtkit.files import atomic_write_text, read_json_dict
+
+
+def run_step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, list[str]]]) -> tuple[dict, str]:
+    """Run ``work`` unless its stamp matches ``inputs`` and its outputs are untouched; returns
+    (report, "done" or "up to date").
+
+    ``work`` returns (report, output file names); the report is kept in the stamp so a
+    skipped step still contributes to the manifest.
+    """
+    stamp_path = out / "stamps" / f"{name}.json"
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+    stamp = read_json_dict(stamp_path)
+    if stamp and stamp.get("key") == key and all(
+            _file_state(out / file) == state for file, state in stamp.get("outputs", {}).items()):
+        return stamp["report"], "up to date"
+    stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete,
+    (out / MANIFEST).unlink(missing_ok=True)  # and no checksums (rewritten at the end)
+    report, outputs = work()
+    stamp = {"key": key, "inputs": inputs, "outputs": {file: _file_state(out / file) for file in outputs},
+             "report": report}
+    atomic_write_text(stamp_path, json.dumps(stamp, indent=1, ensure_ascii=False) + "\n")
+    return report, "done"
+
+
+def _file_state(path: Path) -> list[int] | None:
+    """Size and modification time: any rewrite of an output changes them."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def remove_leftovers(out: Path) -> None:
+    """Temp files of a killed run (atomic writes, SentencePiece scratch dirs); we hold the lock."""
+    for path in itertools.chain(out.glob(".*.tmp"), (out / "stamps").glob(".*.tmp")):
+        path.unlink(missing_ok=True)
+    for path in out.glob("tmp*"):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
