@@ -105,17 +105,18 @@ class MarianForced:
         import torch
 
         from nmtkit.decoding.batching import pad_sources, token_batches
+        from nmtkit.specials import EOS
 
         sources = self.src_vocab.encode_batch(lines)
         out = [""] * len(lines)
         for batch in token_batches([len(s) for s in sources], self.options.batch_tokens, self.options.beam_size):
-            src, mask = pad_sources([sources[i] or [3] for i in batch])
+            src, mask = pad_sources([sources[i] or [EOS] for i in batch])
             with torch.inference_mode():
                 generated = self.model.generate(input_ids=src, attention_mask=mask.long(),
                                                 num_beams=self.options.beam_size, do_sample=False,
                                                 min_new_tokens=self.forced_len, max_new_tokens=self.forced_len)
             for i, row in zip(batch, generated[:, 1:].tolist()):  # drop the decoder start token
-                pieces = [t for t in row if t > 3]
+                pieces = [t for t in row if t > EOS]  # the special ids are 0 to EOS
                 self.tokens += len(pieces)
                 out[i] = self.src_vocab.decode(pieces)
         return out

@@ -127,6 +127,13 @@ def train(
 
 
 _DEFAULTS = TranslateOptions()  # one home for every translate default: DecodeConfig and TranslateOptions
+DeviceOpt = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N.")
+DtypeOpt = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type).")
+
+
+def _decode_flag(setting: str, text: str, *short: str):
+    """A decode flag, unset unless given: the model's saved setting (else DecodeConfig's) applies then."""
+    return typer.Option(None, "--" + setting.replace("_", "-"), *short, help=_saved(text, setting), show_default=False)
 
 
 @app.command(cls=_Command)
@@ -136,18 +143,18 @@ def translate(
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
                                          help="Output file (default: stdout), written atomically; a device or "
                                               "named pipe is written directly, a symbolic link is followed."),
-    beam_size: Optional[int] = typer.Option(None, "--beam-size", "-b", help=_saved("Beam size (1: greedy)", "beam_size"), show_default=False),
-    lenpen: Optional[float] = typer.Option(None, "--lenpen", help=_saved("GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs", "lenpen"), show_default=False),
-    max_len_a: Optional[float] = typer.Option(None, "--max-len-a", help=_saved("Output length limit a*|x|+b: a", "max_len_a"), show_default=False),
-    max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help=_saved("Output length limit a*|x|+b: b", "max_len_b"), show_default=False),
-    min_len: Optional[int] = typer.Option(None, "--min-len", help=_saved("Minimum output length in pieces (EOS blocked before)", "min_len"), show_default=False),
+    beam_size: Optional[int] = _decode_flag("beam_size", "Beam size (1: greedy)", "-b"),
+    lenpen: Optional[float] = _decode_flag("lenpen", "GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs"),
+    max_len_a: Optional[float] = _decode_flag("max_len_a", "Output length limit a*|x|+b: a"),
+    max_len_b: Optional[int] = _decode_flag("max_len_b", "Output length limit a*|x|+b: b"),
+    min_len: Optional[int] = _decode_flag("min_len", "Minimum output length in pieces (EOS blocked before)"),
     nbest: int = typer.Option(_DEFAULTS.nbest, "--nbest", min=1, help="N > 1: exactly N lines per input line, best first, as "
                                 "INDEX<tab>SCORE<tab>TEXT (INDEX: the input line, from 0; --alignments adds a 4th "
                                 "field). Lines the search cannot fill (all but the first for an empty input) have an "
                                 "empty text and score -inf."),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help=_saved("Source tokens x beam per batch", "batch_tokens"), show_default=False),
-    device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
+    batch_tokens: Optional[int] = _decode_flag("batch_tokens", "Source tokens x beam per batch"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     scores: bool = typer.Option(_DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab."),
     alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and Pharaoh alignment pairs "
                                     "i-j (as fast_align and Moses write them): source word i is aligned to target word j, "
@@ -212,8 +219,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, printed at start)."),
     engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
-    device: str = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type)."),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per model call (requests are collected up to it)."),
     batch_window_ms: float = typer.Option(5.0, "--batch-window-ms", help="How long the first waiting request waits for others to join its batch."),
     max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),

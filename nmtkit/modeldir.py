@@ -234,12 +234,14 @@ def read_model_weights(model_dir: Path, meta: dict) -> dict[str, torch.Tensor]:
     return read_weights(model_dir / WEIGHTS, None if checked else meta.get("weights_sha256"))
 
 
-def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild a model from its directory alone (config + safetensors + SentencePiece)."""
+def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu",
+                   meta: Optional[dict] = None) -> LoadedModel:
+    """Rebuild a model from its directory alone (config + safetensors + SentencePiece); ``meta``:
+    its config.json as ``read_meta`` gave it, when the caller has read it already."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"model directory not found: {model_dir}")
-    meta = read_meta(model_dir)
+    meta = read_meta(model_dir) if meta is None else meta
     model_cfg = model_config_from_meta(meta, model_dir / CONFIG)
     weights = read_model_weights(model_dir, meta)
     src_vocab = Vocab(model_dir / meta["spm"]["src"])

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from nmtkit.config import Config
 from nmtkit.files import atomic_write_text, read_json_dict, read_lines
-from nmtkit.workdir import WorkDir
+from nmtkit.workdir import RunDir, WorkDir
 
 
 def _stamp(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def choose_model(cfg: Config, run_dir: Path, console) -> Path:
-    """The model directory to evaluate: the average of the last checkpoints (as in the
-    paper) when train.average_last > 1, else the best checkpoint by the dev metric."""
+def choose_model(cfg: Config, run_dir: Path, console) -> tuple[Path, dict]:
+    """The model directory to evaluate and its config.json (read once here): the average of the
+    last checkpoints (as in the paper) when train.average_last > 1, else the best checkpoint by
+    the dev metric."""
     from nmtkit.errors import CheckpointError
     from nmtkit.modeldir import CONFIG, read_meta
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
@@ -31,46 +34,64 @@ def choose_model(cfg: Config, run_dir: Path, console) -> Path:
     dirs = checkpoint_dirs(run_dir)
     n = min(cfg.train.average_last, len(dirs))
     if n > 1:
-        out = run_dir / "averaged"
+        out = RunDir(run_dir).averaged
         sources = [p.name for p in dirs[-n:]]
         with contextlib.suppress(CheckpointError):  # missing or damaged: averaged again
-            if read_meta(out).get("averaged_from") == sources:
-                return out
+            meta = read_meta(out)
+            if meta.get("averaged_from") == sources:
+                return out, meta
         console.info(f"averaging {n} checkpoints: {', '.join(sources)}")
-        return average_checkpoints(run_dir, n, out)
-    if (run_dir / "best" / CONFIG).is_file():
-        return run_dir / "best"
-    return dirs[-1]
+        chosen = average_checkpoints(run_dir, n, out)
+    else:
+        best = RunDir(run_dir).best
+        chosen = best if (best / CONFIG).is_file() else dirs[-1]
+    return chosen, read_meta(chosen)
 
 
-def translate_split(cfg: Config, model_dir: Path, meta: dict, split: str, out_dir: Path,
-                    console) -> tuple[list[str], float]:
-    """Translate prepared/{split}.{src} with the recipe's decode settings (cached by stamp, which
-    keeps the time the translation took, so a cached split still reports its decoding speed);
-    ``meta`` is the model directory's config.json."""
-    from nmtkit.data.ids import prepared_file
-    from nmtkit.decoding.options import TranslateOptions
-    from nmtkit.decoding.translate import translate_lines
+def open_translator(model_dir: Path, meta: dict, options):
+    """The chosen model as a ``Translator``: loaded on the CPU (its config.json already read), then
+    moved once to the options' device and dtype."""
+    from nmtkit.decoding.torch_engine import TorchEngine
+    from nmtkit.decoding.translate import Translator
     from nmtkit.modeldir import load_model_dir
 
+    return Translator(TorchEngine.from_loaded([load_model_dir(model_dir, meta=meta)], options), options)
+
+
+def translate_split(cfg: Config, split: str, out_dir: Path, console, options, weights_sha256: Optional[str],
+                    translator: Callable[[], Any]) -> tuple[list[str], float]:
+    """Translate prepared/{split}.{src} with ``options`` (``decode_options``), cached by a stamp of
+    the weights (``weights_sha256``), the settings and the input, which keeps the time the
+    translation took (a cached split still reports its decoding speed). ``translator()`` gives the model's
+    ``Translator``: called only when a split is not cached, so a finished run loads no model."""
+    from nmtkit.data.ids import prepared_file
+
     sources = read_lines(prepared_file(WorkDir.of(cfg).text(split, cfg.data.src_lang)))
-    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device)  # one line each to score
     settings = {k: v for k, v in dataclasses.asdict(options).items() if k != "target_lang"}  # never set here:
-    stamp = _stamp(meta.get("weights_sha256"), settings, len(sources))  # older stamps stay valid
+    stamp = _stamp(weights_sha256, settings, len(sources))  # older stamps stay valid
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
     if hyp_path.is_file() and done.get("stamp") == stamp:
         console.info(f"{split}: translations up to date ({hyp_path})")
         return read_lines(hyp_path), done.get("seconds", 0.0)
-    loaded = load_model_dir(model_dir, device=options.device if options.device != "auto" else "cpu")
+    model = translator()
     start = time.perf_counter()
-    hyps = translate_lines([loaded], sources, options)
+    hyps = model.translate(sources)
     seconds = time.perf_counter() - start
     atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
     atomic_write_text(stamp_path, json.dumps({"stamp": stamp, "seconds": round(seconds, 3)}) + "\n")
     console.info(f"{split}: translated {len(sources)} sentences in {seconds:.1f}s "
                  f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {options.beam_size})")
     return hyps, seconds
+
+
+def decode_options(cfg: Config):
+    """The recipe's decode settings on its training device, one hypothesis per line (to score)."""
+    from nmtkit.decoding.options import TranslateOptions
+
+    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device)
+    options.validate()
+    return options
 
 
 def _read_stamp(path: Path) -> dict:
@@ -82,7 +103,6 @@ def run_recipe(cfg: Config, console) -> dict:
     """Run every step of the recipe and return the results dict."""
     from nmtkit.data.ids import prepared_file
     from nmtkit.data.prepare import prepare
-    from nmtkit.modeldir import read_meta
     from nmtkit.scoring.metrics import corpus_scores
     from nmtkit.training.trainer import train
 
@@ -94,12 +114,14 @@ def run_recipe(cfg: Config, console) -> dict:
     work = WorkDir.of(cfg)
     run_dir = work.run.path
     console.rule("[bold]3/4 translate")
-    model_dir = choose_model(cfg, run_dir, console)
-    meta = read_meta(model_dir)
+    model_dir, meta = choose_model(cfg, run_dir, console)
+    options = decode_options(cfg)
+    translator = functools.lru_cache(maxsize=None)(lambda: open_translator(model_dir, meta, options))  # loaded once
     out_dir = work.results
     results: dict = {"recipe": cfg.name, "model_dir": str(model_dir), "splits": {}}
     for split in ("dev", "test"):
-        hyps, seconds = translate_split(cfg, model_dir, meta, split, out_dir, console)
+        hyps, seconds = translate_split(cfg, split, out_dir, console, options, meta.get("weights_sha256"),
+                                         translator)
         refs = read_lines(prepared_file(work.text(split, cfg.data.tgt_lang)))
         scores = corpus_scores(hyps, [refs])
         results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 3),

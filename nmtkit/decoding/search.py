@@ -31,13 +31,13 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from nmtkit.config import DecodeConfig
 from nmtkit.decoding.constraints import LexicalConstraints
+from nmtkit.decoding.options import TranslateOptions
 from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
-DECODE = DecodeConfig()  # the decode settings' defaults have one home: config.DecodeConfig
+DECODE = TranslateOptions()  # every decode default has one home: DecodeConfig (recipe), TranslateOptions (call)
 
 
 @dataclass
@@ -221,7 +221,7 @@ def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DECODE.lenpen,
                 max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b, min_len: int = DECODE.min_len,
-                nbest: int = 1, need_attn: bool = False, prefixes: Optional[Sequence[Sequence[int]]] = None,
+                nbest: int = DECODE.nbest, need_attn: bool = False, prefixes: Optional[Sequence[Sequence[int]]] = None,
                 constraints: Optional[Sequence[Sequence[Sequence[int]]]] = None) -> list[list[Hypothesis]]:
     """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
 
@@ -355,8 +355,8 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float =
                              max_len_b, min_len, need_attn, prefixes)
 
 
-def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0,
-                    temperature: float = 1.0) -> Callable[[Tensor], Tensor]:
+def sampling_choice(generator: torch.Generator, topk: int = DECODE.topk, topp: float = DECODE.topp,
+                    temperature: float = DECODE.temperature) -> Callable[[Tensor], Tensor]:
     """A ``choose`` that samples from the model distribution sharpened by ``temperature``,
     restricted to the ``topk`` most likely pieces (0: all) and to the smallest set whose
     probability reaches ``topp`` (nucleus sampling, Holtzman et al. 2020)."""
@@ -376,8 +376,9 @@ def sampling_choice(generator: torch.Generator, topk: int = 0, topp: float = 1.0
     return choose
 
 
-def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = 1, topk: int = 0, topp: float = 1.0,
-           temperature: float = 1.0, nbest: int = 1, lenpen: float = DECODE.lenpen,
+def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = DECODE.seed, topk: int = DECODE.topk,
+           topp: float = DECODE.topp, temperature: float = DECODE.temperature, nbest: int = DECODE.nbest,
+           lenpen: float = DECODE.lenpen,
            max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
            min_len: int = DECODE.min_len, need_attn: bool = False,
            generator: Optional[torch.Generator] = None,

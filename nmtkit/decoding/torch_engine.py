@@ -37,6 +37,12 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     return resolve_dtype(name, device)
 
 
+def placement(options) -> tuple[torch.device, torch.dtype]:
+    """Where and in what type the options say to translate, resolved once per engine."""
+    device = resolve_device(options.device)
+    return device, inference_dtype(options.dtype, device)
+
+
 def load_models(model_dirs: Sequence[str], device: torch.device) -> list:
     """Load model directories for translation; an ensemble must share both vocabularies."""
     from nmtkit.modeldir import load_model_dir
@@ -73,10 +79,19 @@ class TorchEngine:
     def from_loaded(cls, loaded_models: Sequence, options) -> "TorchEngine":
         """Loaded models (``nmtkit.modeldir.LoadedModel``; an ensemble when several) moved, in
         place, to ``options.device`` and ``options.dtype``."""
+        return cls._placed(loaded_models, options, *placement(options))
+
+    @classmethod
+    def open(cls, model_dirs: Sequence[str], options) -> "TorchEngine":
+        """Load ``model_dirs`` on the CPU and move them once; bad device or dtype settings fail
+        before any model loads."""
+        device, dtype = placement(options)
+        return cls._placed(load_models(model_dirs, torch.device("cpu")), options, device, dtype)
+
+    @classmethod
+    def _placed(cls, loaded_models: Sequence, options, device: torch.device, dtype: torch.dtype) -> "TorchEngine":
         if not loaded_models:
             raise ConfigError("no model given (-m MODEL_DIR)")
-        device = resolve_device(options.device)
-        dtype = inference_dtype(options.dtype, device)
         models = [item.model.to(device=device, dtype=dtype) for item in loaded_models]
         if options.dtype == "int8":
             from nmtkit.models.quantize import quantize_int8
@@ -85,13 +100,6 @@ class TorchEngine:
         shown = "int8" if options.dtype == "int8" else str(dtype).replace("torch.", "")
         return cls(models[0] if len(models) == 1 else EnsembleModel(models), loaded_models[0].src_vocab,
                    loaded_models[0].tgt_vocab, options, device, f"on {device} in {shown}")
-
-    @classmethod
-    def open(cls, model_dirs: Sequence[str], options) -> "TorchEngine":
-        """Load ``model_dirs`` (on the CPU: ``from_loaded`` moves them once); bad device or
-        dtype settings fail before any model loads."""
-        inference_dtype(options.dtype, resolve_device(options.device))
-        return cls.from_loaded(load_models(model_dirs, torch.device("cpu")), options)
 
     def with_options(self, options) -> "TorchEngine":
         """The same model (device, dtype, weights shared) searched with other decode settings."""
