@@ -129,11 +129,12 @@ def test_init_from_starts_at_the_source_weights_with_a_fresh_optimizer_and_step(
     from nmtkit.data.vocab import Vocab
     from nmtkit.modeldir import WEIGHTS, read_weights, state_dict_for_save
     from nmtkit.models.build import build_model
-    from nmtkit.training.trainer import Trainer, _vocabs
+    from nmtkit.training.startup import prepared_vocabs
+    from nmtkit.training.trainer import Trainer
 
     source, recipe = finetune
     cfg = from_dict(recipe)
-    src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
     trainer = Trainer(cfg, quiet_console(), model, torch.device("cpu"), torch.float32, src_path, tgt_path,
