@@ -1,5 +1,5 @@
-"""What a training run is about to do, as a table: ``nmtkit train --dry-run`` (``dry_run``) and
-the start of every run."""
+"""What a training run is about to do, as a table: ``nmtkit train --dry-run`` (``print_dry_run``)
+and the start of every run."""
 from __future__ import annotations
 
 from typing import Optional
@@ -45,7 +45,7 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
     return {**counts, "active": active, "effective_batch_tokens": effective}
 
 
-def dry_run(cfg: Config, console, device, dtype) -> None:
+def print_dry_run(cfg: Config, console, device, dtype) -> None:
     """``nmtkit train --dry-run``: the table, before `prepare` too (vocab.size stands in for the
     SentencePiece models). A train.init_from model is checked against the recipe (and the
     prepared vocabulary, if any)."""

@@ -43,7 +43,7 @@ from nmtkit.training.schedule import learning_rate
 from nmtkit.training.signals import StopFlag
 from nmtkit.training.startup import (check_data, load_training_data, newest_checkpoint, prepared_vocabs,
                                      refuse_beyond_table, restore, run_lock)
-from nmtkit.training.summary import dry_run, print_summary
+from nmtkit.training.summary import print_dry_run, print_summary
 from nmtkit.training.validation import dev_bleu, dev_loss
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -60,7 +60,7 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     if cfg.train.tensorboard:
         summary_writer_class()  # a missing package is found now, not at the first log step
     if dry_run:
-        dry_run(cfg, console, device, dtype)
+        print_dry_run(cfg, console, device, dtype)
         return None
     src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
     if device.type == "cpu":
