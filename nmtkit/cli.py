@@ -5,7 +5,6 @@ exit 1 for runtime failures, 2 for bad usage or bad input (``--debug`` shows tra
 """
 from __future__ import annotations
 
-import errno
 import os
 import re
 import signal
@@ -56,19 +55,10 @@ app = typer.Typer(
 )
 
 _state = {"debug": False, "verbosity": 0}
-# OSErrors that are the user's to fix (a full disk, a quota, a read-only or forbidden place): one line
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
-# ... and those that mean a path the user gave is the wrong kind of thing (workdir=a file): bad input, exit 2
-_INPUT_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
 
 RecipeArg = typer.Argument(..., help="YAML recipe (see recipes/).", show_default=False)
 OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=1000 vocab.size=4000.",
                               show_default=False)
-
-
-def _saved(text: str, setting: str) -> str:
-    """Help for a decode flag whose default is the model's saved setting."""
-    return f"{text}. Default: the model's (from its recipe), else {getattr(_DEFAULTS, setting)}."
 
 
 def _version(value: bool) -> None:
@@ -133,7 +123,8 @@ DtypeOpt = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, f
 
 def _decode_flag(setting: str, text: str, *short: str):
     """A decode flag, unset unless given: the model's saved setting (else DecodeConfig's) applies then."""
-    return typer.Option(None, "--" + setting.replace("_", "-"), *short, help=_saved(text, setting), show_default=False)
+    return typer.Option(None, "--" + setting.replace("_", "-"), *short, show_default=False,
+                        help=f"{text}. Default: the model's (from its recipe), else {getattr(_DEFAULTS, setting)}.")
 
 
 @app.command(cls=_Command)
@@ -194,7 +185,6 @@ def translate(
     import dataclasses
 
     from nmtkit.decoding.guides import GuideFiles
-    from nmtkit.decoding.options import TranslateOptions
     from nmtkit.translation import saved_decode_settings, translate_file
 
     flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
@@ -396,7 +386,7 @@ def _terminate(signum, frame) -> None:
 
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and an exit code."""
-    from nmtkit.errors import NmtkitError
+    from nmtkit.errors import NmtkitError, user_os_error
 
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # training installs its own, for a clean stop
         signal.signal(signal.SIGTERM, _terminate)
@@ -408,11 +398,11 @@ def main() -> None:
         print(f"nmtkit: error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except OSError as err:
-        if _state["debug"] or err.errno not in _ENVIRONMENT_ERRNOS | _INPUT_ERRNOS:
+        known = None if _state["debug"] else user_os_error(err)  # a full disk, workdir=a file, ...
+        if known is None:
             raise
-        print(f"nmtkit: error: {err.filename}: {err.strerror}" if err.filename else f"nmtkit: error: {err.strerror}",
-              file=sys.stderr)
-        sys.exit(2 if err.errno in _INPUT_ERRNOS else 1)
+        print(f"nmtkit: error: {known[0]}", file=sys.stderr)
+        sys.exit(known[1])
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -5,6 +5,10 @@ Exit codes: 2 when what the user gave is wrong (an option, a recipe, a file or d
 that is missing, of the wrong kind or damaged), 1 when a run fails for reasons outside
 what was given (a full disk, a missing package, a failed write).
 """
+from __future__ import annotations
+
+import errno
+from typing import Optional
 
 
 class NmtkitError(Exception):
@@ -29,3 +33,17 @@ class CheckpointError(NmtkitError):
     """A missing, truncated, corrupt or unsafe checkpoint / model directory (exit code 2: bad input)."""
 
     exit_code = 2
+
+
+# OSErrors that are the user's to fix (a full disk, a quota, a read-only or forbidden place): exit 1
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
+# ... and those that mean a path the user gave is the wrong kind of thing (workdir=a file): bad input, exit 2
+_INPUT_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
+
+
+def user_os_error(err: OSError) -> Optional[tuple[str, int]]:
+    """An OSError the user can fix as (one-line message, exit code); None for any other (a bug)."""
+    if err.errno not in _ENVIRONMENT_ERRNOS | _INPUT_ERRNOS:
+        return None
+    message = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    return message, 2 if err.errno in _INPUT_ERRNOS else 1
