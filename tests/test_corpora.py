@@ -161,7 +161,8 @@ def test_epoch_pairs_follow_the_weights_exactly_and_reproducibly():
 def test_an_epoch_of_training_batches_has_the_weighted_mix(prepared, tmp_path):
     from nmtkit.data.mixing import epoch_pairs
     from nmtkit.models.build import build_model
-    from nmtkit.training.trainer import Trainer, _vocabs
+    from nmtkit.training.startup import prepared_vocabs
+    from nmtkit.training.trainer import Trainer
 
     recipe, _, (n_rev, n_copy), _ = prepared
     data = {**recipe["data"], "corpora": [{**recipe["data"]["corpora"][0], "weight": 0.5},
@@ -169,7 +170,7 @@ def test_an_epoch_of_training_batches_has_the_weighted_mix(prepared, tmp_path):
     cfg = from_dict({**tiny_recipe(Path(recipe["workdir"]), vocab={"size": 20}, model={"d_model": 16, "ffn_dim": 32},
                                    train={"max_steps": 6, "save_every": 6, "validate_every": 6, "threads": 1}),
                      "data": data})
-    src_path, tgt_path, src_vocab, tgt_vocab = _vocabs(cfg)
+    src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
     trainer = Trainer(cfg, quiet_console(), build_model(cfg.model, len(src_vocab), len(tgt_vocab)),
                       torch.device("cpu"), torch.float32, src_path, tgt_path, src_vocab, tgt_vocab, tmp_path / "run")
     batches = trainer._epoch_batches(trainer.src_lengths, trainer.tgt_lengths, epoch=0)

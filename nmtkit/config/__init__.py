@@ -14,5 +14,6 @@ from nmtkit.config.schema import (ARCH_KEYS, DECODE_SETTINGS, PRESETS, CleanConf
                                   DecodeConfig, ModelConfig, SourceConfig, TrainConfig, VocabConfig)
 
 __all__ = ["ARCH_KEYS", "DECODE_SETTINGS", "NUMERIC_KEYS", "PRESETS", "CleanConfig", "Config", "CorpusConfig",
-           "DataConfig", "DecodeConfig", "ModelConfig", "SourceConfig", "TrainConfig", "VocabConfig", "apply_overrides", "decode_config_from_dict",
-           "estimated_parameters", "from_dict", "load_config", "model_config_from_dict", "save_config", "validate"]
+           "DataConfig", "DecodeConfig", "ModelConfig", "SourceConfig", "TrainConfig", "VocabConfig",
+           "apply_overrides", "decode_config_from_dict", "estimated_parameters", "from_dict", "load_config",
+           "model_config_from_dict", "save_config", "validate"]

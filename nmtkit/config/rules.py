@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from nmtkit.config.schema import (ARCH_KEYS, PRESETS, Config, DataConfig, ModelConfig, SourceConfig, VocabConfig,
                                   field_types, section_type)
@@ -55,15 +55,25 @@ def _values(node: Any, parts: list[str], shown: str) -> Iterator[tuple[str, Any]
         yield from _values(child, parts[1:], f"{shown}{parts[0]}.")
 
 
-def _check_arch_keys(model: ModelConfig) -> None:
-    """A key of the other architecture would be silently ignored: name where it belongs. Keys left
-    at their defaults pass, so a saved config (which lists every key) loads again."""
-    defaults = ModelConfig()
-    for arch, keys in ARCH_KEYS.items():
+def _foreign_key(section: Any, owners: dict[str, tuple[str, ...]], chosen: str) -> Optional[tuple[str, str]]:
+    """(owner, key) of the first key that belongs to another choice than ``chosen`` (another
+    architecture, another data source) and is set away from its default, else None. Keys left at
+    their defaults pass, so a saved config (which lists every key) loads again."""
+    defaults = type(section)()
+    for owner, keys in owners.items():
         for key in keys:
-            if arch != model.arch and getattr(model, key) != getattr(defaults, key):
-                raise ConfigError(f"model.{key} is a setting of model.arch={arch}, but this model is "
-                                  f"model.arch={model.arch}; remove it (or set model.arch: {arch})")
+            if owner != chosen and getattr(section, key) != getattr(defaults, key):
+                return owner, key
+    return None
+
+
+def _check_arch_keys(model: ModelConfig) -> None:
+    """A key of the other architecture would be silently ignored: name where it belongs."""
+    foreign = _foreign_key(model, ARCH_KEYS, model.arch)
+    if foreign is not None:
+        arch, key = foreign
+        raise ConfigError(f"model.{key} is a setting of model.arch={arch}, but this model is "
+                          f"model.arch={model.arch}; remove it (or set model.arch: {arch})")
 
 
 def _check_betas(cfg: Config) -> None:
@@ -89,12 +99,10 @@ def _check_source(source: SourceConfig, prefix: str = "data.") -> None:
     if source.source not in _SOURCE_KEYS:
         given = f"{source.source!r} is not one of" if source.source else "is missing; choose one of"
         raise ConfigError(f"{prefix}source {given} {', '.join(_SOURCE_KEYS)}")
-    defaults = SourceConfig()
-    for owner, keys in _SOURCE_KEYS.items():
-        for key in keys:
-            if owner != source.source and getattr(source, key) != getattr(defaults, key):
-                raise ConfigError(f"{prefix}{key} belongs to {prefix}source={owner}, but {prefix}source is "
-                                  f"{source.source}")
+    foreign = _foreign_key(source, _SOURCE_KEYS, source.source)
+    if foreign is not None:
+        owner, key = foreign
+        raise ConfigError(f"{prefix}{key} belongs to {prefix}source={owner}, but {prefix}source is {source.source}")
 
 
 CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

@@ -29,7 +29,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
