@@ -99,6 +99,13 @@ def _read_stamp(path: Path) -> dict:
     return read_json_dict(path) or {}
 
 
+def corpus_tests(cfg: Config) -> list[str]:
+    """The test sets of the corpora after the first (each direction of a multilingual model, each
+    domain): test.NAME, which `prepare` writes for every corpus with a test split of its own."""
+    work = WorkDir.of(cfg)
+    return [f"test.{c.name}" for c in cfg.data.corpora[1:] if work.text(f"test.{c.name}", cfg.data.src_lang).is_file()]
+
+
 def run_recipe(cfg: Config, console) -> dict:
     """Run every step of the recipe and return the results dict."""
     from nmtkit.data.ids import prepared_file
@@ -119,7 +126,7 @@ def run_recipe(cfg: Config, console) -> dict:
     translator = functools.lru_cache(maxsize=None)(lambda: open_translator(model_dir, meta, options))  # loaded once
     out_dir = work.results
     results: dict = {"recipe": cfg.name, "model_dir": str(model_dir), "splits": {}}
-    for split in ("dev", "test"):
+    for split in ("dev", "test", *corpus_tests(cfg)):
         hyps, seconds = translate_split(cfg, split, out_dir, console, options, meta.get("weights_sha256"),
                                          translator)
         refs = read_lines(prepared_file(work.text(split, cfg.data.tgt_lang)))

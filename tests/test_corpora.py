@@ -133,6 +133,9 @@ def test_prepare_counts_each_corpus_and_tags_its_sources(prepared):
     assert all(line.startswith("<2r> ") for line in sources[:n_rev])
     assert all(line.startswith("<2c> ") for line in sources[n_rev:])
     assert all(line.startswith("<2r> ") for line in (out / "dev.src").read_text().splitlines())
+    rev_test = (out / "test.src").read_text().splitlines()  # the first corpus's; the second has the same
+    assert (out / "test.copy.src").read_text().splitlines() == [line.replace("<2r>", "<2c>", 1) for line in rev_test]
+    assert (out / "test.copy.tgt").read_text() == (out / "test.tgt").read_text()
     ids = load_split(out / "train.npz")
     assert ids.corpus.tolist() == [0] * n_rev + [1] * n_copy
     vocab = Vocab(out / "spm.model")
@@ -184,6 +187,11 @@ def test_an_epoch_of_training_batches_has_the_weighted_mix(prepared, tmp_path):
 
     run_dir = train(cfg, quiet_console())  # and it trains, on the tagged dev set too
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000006"]
+    from nmtkit.pipeline import run_recipe
+
+    results = run_recipe(cfg, quiet_console())  # and `nmtkit run` scores the second corpus's test set too
+    assert {split: r["sentences"] for split, r in results["splits"].items()} == {"dev": 4, "test": 4, "test.copy": 4}
+    assert (Path(recipe["workdir"]) / "results" / "test.copy.hyp").is_file()
 
 
 def test_a_split_and_a_recipe_with_other_corpora_are_refused(prepared):

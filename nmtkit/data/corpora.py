@@ -48,6 +48,9 @@ class CorpusStream:
         if len(self.corpora) > 1:
             heldout += [(tgt, src) for src, tgt in heldout]
         self.filter = TextFilter(dedup=data.clean.dedup, heldout=heldout)
+        # every later corpus's own test set, tagged, so `nmtkit run` scores each direction or domain
+        self.other_tests = {source.name: [(with_tag(src, source.tag), tgt) for src, tgt in corpus.test]
+                            for source, corpus in zip(self.sources[1:], self.corpora[1:]) if corpus.test}
         self.counts: list[dict] = []
 
     @property

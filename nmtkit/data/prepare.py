@@ -120,6 +120,7 @@ def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
     files = {}
     for split in ("dev", "test"):
         files.update(_write_pairs(out, split, data, getattr(corpora, split)))
+    files.update(_write_corpus_tests(out, data, corpora.other_tests))
     with console.terminal_bar("cleaning training pairs", corpora.total) as advance:
         files.update(_write_pairs(out, "train.prefilter", data, corpora.train(advance)))
     if not files[f"train.prefilter.{data.src_lang}"]["lines"]:
@@ -129,6 +130,19 @@ def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
     if data.corpora:
         report["corpora"] = corpora.counts
     return report, list(files)
+
+
+def _write_corpus_tests(out: Path, data, tests: dict[str, list[Pair]]) -> dict[str, dict]:
+    """test.NAME.{src,tgt} of each later corpus with a test set (`nmtkit run` scores each); those of
+    a corpus renamed, or without a test set now, are removed."""
+    written = {out / f"test.{name}.{data.src_lang}" for name in tests}
+    for stale in set(out.glob(f"test.*.{data.src_lang}")) - written:
+        for lang in (data.src_lang, data.tgt_lang):
+            stale.with_suffix(f".{lang}").unlink(missing_ok=True)
+    files = {}
+    for name, pairs in tests.items():
+        files.update(_write_pairs(out, f"test.{name}", data, pairs))
+    return files
 
 
 def _write_pairs(out: Path, stem: str, data, pairs: Iterable[Pair]) -> dict[str, dict]:
