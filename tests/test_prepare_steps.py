@@ -180,7 +180,7 @@ def test_interrupted_step_is_redone(recipe, tmp_path, monkeypatch):
 
     import nmtkit.data.ids as ids
 
-    monkeypatch.setattr(ids, "save_split", crash)
+    monkeypatch.setattr(ids.SplitWriter, "add", crash)
     with pytest.raises(KeyboardInterrupt):
         run(recipe, "data.clean.max_ratio=2.5")
     assert not (out / "stamps" / "encode.json").exists()  # no stamp: the step did not finish
@@ -233,10 +233,17 @@ def test_parallel_encoding_matches_single_process(tmp_path, monkeypatch):
     spm.SentencePieceTrainer.Train(input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "m"),
                                    vocab_size=40, minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3)
     monkeypatch.setattr(prep.Encoder, "CHUNK_LINES", 37)
+    models, pairs = (tmp_path / "m.model",) * 2, [(text, text[::-1]) for text in texts]
     with prep.Encoder(1) as one, prep.Encoder(2) as two:
-        single, parallel = (encoder.encode(tmp_path / "m.model", texts) for encoder in (one, two))
-    assert np.array_equal(single.flat, parallel.flat) and np.array_equal(single.lengths, parallel.lengths)
-    assert [list(s) for s in single.sequences()] == Vocab(tmp_path / "m.model").encode_batch(texts)
+        single, parallel = (list(encoder.encode_pairs(models, pairs)) for encoder in (one, two))
+    assert len(single) == len(parallel) == -(-len(texts) // 37)  # chunks, in order
+    for a, b in zip(single, parallel):
+        assert a.pairs == b.pairs and all(np.array_equal(getattr(a, name), getattr(b, name))
+                                          for name in ("src", "src_lengths", "tgt", "tgt_lengths"))
+    vocab = Vocab(tmp_path / "m.model")
+    flat = np.concatenate([chunk.tgt for chunk in single]).tolist()
+    assert flat == [i for src, tgt in pairs for i in vocab.encode(tgt)]
+    assert np.concatenate([chunk.src_lengths for chunk in single]).tolist() == [len(vocab.encode(t)) for t in texts]
 
 
 def test_second_prepare_on_the_same_dir_is_refused(recipe, tmp_path):

@@ -1,39 +1,41 @@
-"""SentencePiece encoding of many lines for ``prepare``: chunks spread over worker processes,
-results as compact numpy arrays."""
+"""SentencePiece encoding of a stream of sentence pairs for ``prepare``: chunks spread over
+worker processes, results as compact numpy arrays, in order, a bounded number in flight, written
+into a split's id file as they come (``encode_split``)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from nmtkit.data.ids import SplitWriter
 from nmtkit.data.vocab import Vocab
+from nmtkit.errors import DataError
 from nmtkit.specials import UNK
 
+Pair = tuple[str, str]
 
-class Encoded:
-    """Token ids of many sentences: one flat int32 array and the length of each sentence."""
 
-    def __init__(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        self.flat, self.lengths = flat, lengths
+@dataclass
+class EncodedPairs:
+    """A chunk of sentence pairs and their ids: per side one flat array and each sentence's length."""
 
-    def sequences(self, keep: Optional[np.ndarray] = None) -> list[np.ndarray]:
-        """One array view per sentence (those where ``keep`` is true, when given)."""
-        ends = np.cumsum(self.lengths)
-        starts = ends - self.lengths
-        index = range(len(self.lengths)) if keep is None else np.flatnonzero(keep)
-        return [self.flat[starts[i]:ends[i]] for i in index]
+    pairs: list[Pair]
+    src: np.ndarray  # int32 [tokens]
+    src_lengths: np.ndarray  # int64 [len(pairs)]
+    tgt: np.ndarray
+    tgt_lengths: np.ndarray
 
-    def tokens(self, keep: Optional[np.ndarray] = None) -> int:
-        return int(self.lengths.sum() if keep is None else self.lengths[keep].sum())
+    def __len__(self) -> int:
+        return len(self.pairs)
 
-    def unknown(self, keep: Optional[np.ndarray] = None) -> int:
-        """How many ids are <unk> (pieces the SentencePiece model lacks), in the kept sentences."""
-        seen = np.concatenate([[0], np.cumsum(self.flat == UNK)])  # <unk>s among the first i ids
-        ends = np.cumsum(self.lengths)
-        per_sentence = seen[ends] - seen[ends - self.lengths]
-        return int(per_sentence.sum() if keep is None else per_sentence[keep].sum())
+    def select(self, keep: np.ndarray) -> "EncodedPairs":
+        """The pairs where ``keep`` is true."""
+        return EncodedPairs(list(itertools.compress(self.pairs, keep)),
+                            self.src[np.repeat(keep, self.src_lengths)], self.src_lengths[keep],
+                            self.tgt[np.repeat(keep, self.tgt_lengths)], self.tgt_lengths[keep])
 
 
 class Encoder:
@@ -64,42 +66,103 @@ class Encoder:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def encode(self, model: Path, lines: Iterable[str], advance: Callable[[int], None] = lambda n: None) -> Encoded:
-        parts = []
-        for flat, lengths in self._map(str(model), _chunks(lines, self.CHUNK_LINES)):
-            parts.append((flat, lengths))
-            advance(len(lengths))
-        if not parts:
-            return Encoded(np.zeros(0, np.int32), np.zeros(0, np.int64))
-        return Encoded(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-
-    def _map(self, model: str, chunks: Iterator[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Results in order, with at most two chunks per worker in flight (bounded memory)."""
+    def encode_pairs(self, models: tuple[Path, Path], pairs: Iterable[Pair]) -> Iterator[EncodedPairs]:
+        """``pairs`` in chunks with their ids (source side by ``models[0]``, target by ``models[1]``),
+        in order, with at most two chunks per worker in flight (bounded memory)."""
+        names = (str(models[0]), str(models[1]))
+        chunks = _chunks(pairs, self.CHUNK_LINES)
         if self.pool is None:
-            yield from (_encode_chunk(model, chunk) for chunk in chunks)
+            yield from (EncodedPairs(chunk, *_encode_chunk(names, chunk)) for chunk in chunks)
             return
         pending: list = []
         for chunk in chunks:
-            pending.append(self.pool.submit(_encode_chunk, model, chunk))
+            pending.append((chunk, self.pool.submit(_encode_chunk, names, chunk)))
             if len(pending) >= 2 * self.workers:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
+                done, future = pending.pop(0)
+                yield EncodedPairs(done, *future.result())
+        for done, future in pending:
+            yield EncodedPairs(done, *future.result())
 
 
 _VOCABS: dict[str, Vocab] = {}  # per process: each worker loads a model once
 
 
-def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
-    lines = iter(lines)
-    while chunk := list(itertools.islice(lines, size)):
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    items = iter(items)
+    while chunk := list(itertools.islice(items, size)):
         yield chunk
 
 
-def _encode_chunk(model: str, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    if model not in _VOCABS:
-        _VOCABS[model] = Vocab(model)
-    ids = _VOCABS[model].encode_batch(lines)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
-    return flat, lengths
+def _encode_chunk(models: tuple[str, str], pairs: list[Pair]) -> tuple[np.ndarray, ...]:
+    """(source ids, source lengths, target ids, target lengths) of a chunk of pairs."""
+    out = []
+    for model, lines in zip(models, zip(*pairs)):
+        if model not in _VOCABS:
+            _VOCABS[model] = Vocab(model)
+        ids = _VOCABS[model].encode_batch(lines)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        out += [np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths]
+    return tuple(out)
+
+
+class Tally:
+    """What encoding a split wrote and dropped: pairs, tokens and <unk> ids per side, the length
+    rules' counts, and with several corpora (``corpus_ends``: where each ends) the same per corpus."""
+
+    def __init__(self, corpus_ends=None) -> None:
+        self.corpus_ends, self.read = corpus_ends, 0
+        self.pairs, self.dropped = 0, {"too_long": 0, "ratio": 0}
+        self.tokens, self.unknown = {"src": 0, "tgt": 0}, {"src": 0, "tgt": 0}
+        corpora = 0 if corpus_ends is None else len(corpus_ends)
+        self.by_corpus = [{"too_long": 0, "ratio": 0, "kept": 0} for _ in range(corpora)]
+
+    def corpus_of(self, count: int):
+        """The corpus number of the next ``count`` pairs read (None for one corpus)."""
+        start, self.read = self.read, self.read + count
+        if self.corpus_ends is None:
+            return None
+        return np.searchsorted(self.corpus_ends, np.arange(start, self.read), side="right")
+
+    def apply(self, rules, chunk: EncodedPairs, corpus) -> np.ndarray:
+        """The keep mask of the length ``rules`` over ``chunk``, what they drop counted per rule
+        (and per corpus: the rules look at each pair alone, so corpus by corpus is the same)."""
+        keep = np.ones(len(chunk), dtype=bool)
+        if rules is None:
+            return keep
+        for number in [None] if corpus is None else np.unique(corpus).tolist():
+            rows = slice(None) if number is None else corpus == number
+            keep[rows], dropped = rules(chunk.src_lengths[rows], chunk.tgt_lengths[rows])
+            for rule, count in dropped.items():
+                self.dropped[rule] += count
+                if number is not None:
+                    self.by_corpus[number][rule] += count
+        return keep
+
+    def add(self, chunk: EncodedPairs, corpus) -> None:
+        """Count the pairs of ``chunk`` written (``corpus``: the number of each, or None)."""
+        self.pairs += len(chunk)
+        for side in ("src", "tgt"):
+            ids = getattr(chunk, side)
+            self.tokens[side] += len(ids)
+            self.unknown[side] += int((ids == UNK).sum())
+        if corpus is not None:
+            for number, kept in zip(*np.unique(corpus, return_counts=True)):
+                self.by_corpus[number]["kept"] += int(kept)
+
+
+def encode_split(encoder: Encoder, models, pairs: Iterable[Pair], writer: SplitWriter, tally: Tally, rules=None,
+                 advance: Callable[[int], None] = lambda n: None) -> Iterator[Pair]:
+    """``pairs`` encoded chunk by chunk into ``writer``, only those ``rules`` (length_filter) keep;
+    yields the text of the pairs written. A DataError when the rules keep none."""
+    for chunk in encoder.encode_pairs(models, pairs):
+        advance(len(chunk))
+        corpus = tally.corpus_of(len(chunk))
+        keep = tally.apply(rules, chunk, corpus)
+        chunk, corpus = chunk.select(keep), None if corpus is None else corpus[keep]
+        writer.add(chunk.src, chunk.src_lengths, chunk.tgt, chunk.tgt_lengths, corpus)
+        tally.add(chunk, corpus)
+        yield from chunk.pairs
+    if rules is not None and not tally.pairs:  # raised inside both writers: neither file is left behind
+        counts = ", ".join(f"{rule} {count:,}" for rule, count in tally.dropped.items())
+        raise DataError(f"no training pairs left after the length filters ({counts}; "
+                        f"see data.clean.max_len and data.clean.max_ratio)")

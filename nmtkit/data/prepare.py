@@ -20,11 +20,18 @@ test and the text-filtered train) on the data config and the source's fingerprin
 on the vocab config and the fetched train text; ``encode`` (length filters, ids) on the
 length limits, the models and the texts (the stamps: ``steps.py``); every file is written
 atomically. The summary it prints: ``summary.py``.
+
+Memory stays bounded whatever the corpus size: the training pairs stream through cleaning
+(duplicates found by 8-byte hashes, ``clean.SeenHashes``); SentencePiece reads a seeded uniform
+sample of ``vocab.input_sentence_size`` lines of the whole corpus (its own memory grows with that
+sample; a large one trains in a child process); encoding streams chunks of pairs through worker
+processes into the id files (``ids.SplitWriter``) and the kept training text.
 """
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -37,19 +44,21 @@ from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, save_config
 from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
-from nmtkit.data.encoder import Encoder
+from nmtkit.data.encoder import Encoder, Tally, encode_split
+from nmtkit.data.ids import SplitWriter
 from nmtkit.data.identity import changes, identity, read_record
 from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import remove_leftovers, run_step
-from nmtkit.data.vocab import Vocab, reused_models, spm_files, train_spm
+from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, train_spm
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
 SPLITS = ("train", "dev", "test")
+SAMPLE_SEED = 1  # SentencePiece's training sample: the same lines every time
 _LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # what splitlines() would split on
 
 
@@ -65,7 +74,7 @@ def prepare(cfg: Config, console) -> dict:
         save_config(cfg, WorkDir.of(cfg).config)  # left alone when unchanged
         status = {}
         fetch, status["fetch"] = run_step(out, "fetch", _fetch_inputs(cfg), lambda: _fetch(cfg, out, console))
-        spm, status["spm"] = run_step(out, "spm", _spm_inputs(cfg, fetch), lambda: _make_vocab(cfg, out, console))
+        spm, status["spm"] = run_step(out, "spm", _spm_inputs(cfg, fetch), lambda: _make_vocab(cfg, out, fetch, console))
         encoded, status["encode"] = run_step(out, "encode", _encode_inputs(cfg, fetch, spm),
                                              lambda: _encode(cfg, out, fetch, console))
         manifest = _manifest(cfg, fetch, spm, encoded)
@@ -184,13 +193,13 @@ def _spm_inputs(cfg: Config, fetch: dict) -> dict:
     return {**inputs, "tags": cfg.data.tags} if cfg.data.tags else inputs  # reserved pieces of the source model
 
 
-def _make_vocab(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
+def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
     """Train the SentencePiece model(s), or copy them from ``vocab.from``, into ``out``."""
     vocab = cfg.vocab
     for name in {*spm_files(True), *spm_files(False)} - set(spm_files(vocab.joint)):  # the other layout's: stale
         for path in (out / name, (out / name).with_suffix(".vocab")):
             path.unlink(missing_ok=True)
-    models = _reuse_vocab(cfg, out) if vocab.from_ else _train_vocab(cfg, out, console)
+    models = _reuse_vocab(cfg, out) if vocab.from_ else _train_vocab(cfg, out, fetch, console)
     report = {"type": vocab.type, "joint": vocab.joint,
               "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models}}
     if vocab.from_:
@@ -199,15 +208,20 @@ def _make_vocab(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
                     if (out / file).is_file()]
 
 
-def _train_vocab(cfg: Config, out: Path, console) -> list[str]:
+def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
     vocab, data = cfg.vocab, cfg.data
     texts = [out / f"train.prefilter.{data.src_lang}", out / f"train.prefilter.{data.tgt_lang}"]
     src_name, tgt_name = spm_files(vocab.joint)
     jobs = {src_name: texts} if vocab.joint else {src_name: texts[:1], tgt_name: texts[1:]}
     for name, paths in jobs.items():
+        # a uniform sample of the whole corpus (not its first lines); only the sample is written for
+        # SentencePiece, and a large one trains in a child process whose memory goes back before encoding
+        total = sum(fetch["files"][path.name]["lines"] for path in paths)
+        sample = sampled_lines(_read_text(*paths), total, vocab.input_sentence_size, SAMPLE_SEED)
+        large = min(total, vocab.input_sentence_size or total) >= Encoder.MIN_PARALLEL_LINES
         with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
-            train_spm(_read_text(*paths), out / name, vocab.size, vocab.type, vocab.character_coverage,
-                      vocab.input_sentence_size, reserved=data.tags if name == src_name else ())
+            train_spm(sample, out / name, vocab.size, vocab.type, vocab.character_coverage,
+                      vocab.input_sentence_size, reserved=data.tags if name == src_name else (), in_subprocess=large)
     return list(jobs)
 
 
@@ -246,53 +260,35 @@ def _encode_inputs(cfg: Config, fetch: dict, spm: dict) -> dict:
 
 
 def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
-    from nmtkit.data.ids import save_split
-
+    """Encode every split as a stream: chunks of pairs go through the encoder's workers, the length
+    rules (train) and into the id files and the kept training text, one chunk at a time in memory."""
     data, clean = cfg.data, cfg.data.clean
-    models = [out / name for name in spm_files(cfg.vocab.joint)]
-    langs = (data.src_lang, data.tgt_lang)
+    models = tuple(out / name for name in spm_files(cfg.vocab.joint))
+    sizes = tuple(len(Vocab(model)) for model in models)  # ids stored as uint16 when they fit
     lines = fetch["files"][f"train.prefilter.{data.src_lang}"]["lines"]
     workers = 1 if lines < Encoder.MIN_PARALLEL_LINES else (cfg.vocab.workers or os.cpu_count() or 1)
-    sizes = tuple(len(Vocab(model)) for model in models)  # ids stored as uint16 when they fit
-    tokens, pairs = {}, {}
-    with Encoder(workers) as encoder, console.terminal_bar("encoding", 2 * lines) as advance:
-        src, tgt = (encoder.encode(model, _read_text(out / f"train.prefilter.{lang}"), advance)
-                    for model, lang in zip(models, langs))
-    keep, counts = length_filter(src.lengths, tgt.lengths, clean.max_len, clean.max_ratio)
-    if not keep.any():
-        raise DataError(f"no training pairs left after the length filters ({counts_text(counts)}; "
-                        f"see data.clean.max_len and data.clean.max_ratio)")
-    kept = itertools.compress(zip(*(_read_text(out / f"train.prefilter.{lang}") for lang in langs)), keep)
-    files = _write_pairs(out, "train", data, kept)
-    corpus, by_corpus = _corpus_of_pairs(fetch, src, tgt, clean, keep)
-    save_split(out / "train.npz", src.sequences(keep), tgt.sequences(keep), corpus, vocab_sizes=sizes)
-    tokens["train"], pairs["train"] = {"src": src.tokens(keep), "tgt": tgt.tokens(keep)}, int(keep.sum())
-    unknown = {"train": {"src": src.unknown(keep), "tgt": tgt.unknown(keep)}}
+    corpus_ends = np.cumsum([corpus["kept"] for corpus in fetch["corpora"]]) if "corpora" in fetch else None
+    tallies = {split: Tally(corpus_ends if split == "train" else None) for split in SPLITS}
+    rules = functools.partial(length_filter, max_len=clean.max_len, max_ratio=clean.max_ratio)
+    with Encoder(workers) as encoder, console.terminal_bar("encoding", lines) as advance, \
+            SplitWriter(out / "train.npz", sizes, with_corpus=corpus_ends is not None) as writer:
+        kept = encode_split(encoder, models, _texts(out, "train.prefilter", data), writer, tallies["train"],
+                            rules, advance)
+        files = _write_pairs(out, "train", data, kept)
     with Encoder(1) as encoder:
-        for split in ("dev", "test"):
-            src, tgt = (encoder.encode(model, _read_text(out / f"{split}.{lang}"))
-                        for model, lang in zip(models, langs))
-            save_split(out / f"{split}.npz", src.sequences(), tgt.sequences(), vocab_sizes=sizes)
-            tokens[split], pairs[split] = {"src": src.tokens(), "tgt": tgt.tokens()}, len(src.lengths)
-            unknown[split] = {"src": src.unknown(), "tgt": tgt.unknown()}
-    report = {"cleaning": counts, "pairs": pairs, "tokens": tokens, "unknown": unknown, "files": files}
-    if by_corpus is not None:
-        report["corpora"] = by_corpus
+        for split in ("dev", "test"):  # their text is written already: the pairs are only counted
+            with SplitWriter(out / f"{split}.npz", sizes) as writer:
+                collections.deque(encode_split(encoder, models, _texts(out, split, data), writer, tallies[split]), 0)
+    report = {"cleaning": tallies["train"].dropped, "files": files}
+    for key in ("pairs", "tokens", "unknown"):
+        report[key] = {split: getattr(tally, key) for split, tally in tallies.items()}
+    if corpus_ends is not None:
+        report["corpora"] = tallies["train"].by_corpus
     return report, [*files, *(f"{split}.npz" for split in SPLITS)]
 
 
-def _corpus_of_pairs(fetch: dict, src, tgt, clean, keep: np.ndarray) -> tuple:
-    """The corpus of each kept training pair, and what the length rules dropped of each corpus
-    ((None, None) for one source). The fetch wrote the corpora one after another."""
-    if "corpora" not in fetch:
-        return None, None
-    sizes = [corpus["kept"] for corpus in fetch["corpora"]]
-    ends = np.cumsum(sizes)
-    counts = []
-    for start, end in zip(ends - sizes, ends):
-        _, dropped = length_filter(src.lengths[start:end], tgt.lengths[start:end], clean.max_len, clean.max_ratio)
-        counts.append({**dropped, "kept": int(keep[start:end].sum())})
-    return np.repeat(np.arange(len(sizes)), sizes)[keep], counts
+def _texts(out: Path, stem: str, data) -> Iterator[Pair]:
+    return zip(_read_text(out / f"{stem}.{data.src_lang}"), _read_text(out / f"{stem}.{data.tgt_lang}"))
 
 
 # --- manifest and summary ----------------------------------------------------------------------

@@ -9,7 +9,9 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from nmtkit.checksums import verify
 from nmtkit.errors import ConfigError, DataError
@@ -101,15 +103,15 @@ def spm_files(joint: bool) -> tuple[str, str]:
 
 def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, model_type: str = "unigram",
               character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1,
-              reserved: Sequence[str] = ()) -> None:
+              reserved: Sequence[str] = (), in_subprocess: bool = False) -> None:
     """Train a SentencePiece model on ``texts`` and write ``model_path`` atomically. ``reserved``
     pieces (corpus tags) are user-defined symbols: always one piece, never split or merged.
 
     ``vocab_size`` is a hard limit: SentencePiece fails on small corpora that cannot fill
     it, and we turn that into a one-line error suggesting a smaller ``vocab.size``.
+    ``in_subprocess``: train in a child process, so the gigabytes SentencePiece takes for a
+    large sample go back to the system when it ends instead of staying with this process.
     """
-    import sentencepiece as spm
-
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
@@ -119,19 +121,68 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
                 if line.strip():
                     handle.write(line.replace("\n", " ") + "\n")
         prefix = Path(tmp) / "spm"
+        options = dict(input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
+                       character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+                       shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1,
+                       **SPM_SPECIAL_IDS, **({"user_defined_symbols": list(reserved)} if reserved else {}))
         try:
-            spm.set_random_generator_seed(seed)  # deterministic sampling of the training sentences
-            spm.SentencePieceTrainer.Train(
-                input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
-                character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-                shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1, **SPM_SPECIAL_IDS,
-                **({"user_defined_symbols": list(reserved)} if reserved else {}),
-            )
-        except RuntimeError as err:
-            raise DataError(f"SentencePiece training failed: {str(err).splitlines()[-1]} "
-                            f"(try a smaller vocab.size)") from None
+            if in_subprocess:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    pool.submit(_train, seed, options).result()
+            else:
+                _train(seed, options)
+        except RuntimeError as err:  # a killed child (out of memory) is a BrokenProcessPool, a RuntimeError
+            raise DataError(f"SentencePiece training failed: {(str(err).splitlines() or ['killed'])[-1]} "
+                            f"(try a smaller vocab.size, or a smaller vocab.input_sentence_size if it ran "
+                            f"out of memory)") from None
         os.replace(f"{prefix}.model", model_path)
         os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
+
+
+def _train(seed: int, options: dict) -> None:
+    import sentencepiece as spm
+
+    spm.set_random_generator_seed(seed)  # deterministic sampling of the training sentences
+    spm.SentencePieceTrainer.Train(**options)
+
+
+SAMPLE_BLOCK = 1 << 20  # random keys drawn at a time
+
+
+def sample_indices(total: int, size: int, seed: int) -> np.ndarray:
+    """``size`` distinct indices of range(``total``) drawn uniformly, sorted: those with the
+    ``size`` smallest of one seeded random key each (a reservoir over keys, memory O(size))."""
+    if total <= size:
+        return np.arange(total)
+    rng = np.random.default_rng(seed)
+    keys, indices = np.zeros(0), np.zeros(0, dtype=np.int64)
+    for start in range(0, total, SAMPLE_BLOCK):
+        block = min(SAMPLE_BLOCK, total - start)
+        keys = np.concatenate([keys, rng.random(block)])
+        indices = np.concatenate([indices, np.arange(start, start + block)])
+        if len(keys) > size:
+            best = np.argpartition(keys, size - 1)[:size]
+            keys, indices = keys[best], indices[best]
+    return np.sort(indices)
+
+
+def sampled_lines(lines: Iterable[str], total: int, size: int, seed: int) -> Iterator[str]:
+    """A uniform sample of ``size`` of the ``total`` ``lines``, over the whole corpus and in its
+    order; all of them when ``size`` is 0 or covers them."""
+    if not size or total <= size:
+        yield from lines
+        return
+    wanted = iter(sample_indices(total, size, seed).tolist())
+    next_index = next(wanted)
+    for index, line in enumerate(lines):
+        if index == next_index:
+            yield line
+            next_index = next(wanted, None)
+            if next_index is None:
+                return
 
 
 def reused_models(directory: str | Path, joint: bool) -> tuple[Path, Path]:
