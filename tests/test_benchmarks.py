@@ -119,3 +119,26 @@ def test_unknown_peer_is_a_clear_error(trained, tmp_path):
     with pytest.raises(SystemExit, match="unknown peer 'fairseq'"):
         train_speed.main(["--model", str(model), "--data", str(data), "--out", str(tmp_path), "--threads", "1",
                           "--dtypes", "", "--peers", "fairseq", "--recipe", str(data.parent / "recipe.yaml")])
+
+
+def test_scale_corpus_joins_one_to_three_consecutive_pairs(tmp_path):
+    """benchmarks/scale.py's synthetic corpus: every pair is 1-3 consecutive source pairs, both sides alike."""
+    import scale
+
+    text = tmp_path / "prepared"
+    text.mkdir()
+    for split in ("train", "dev", "test"):
+        for lang, word in (("en", "e"), ("es", "s")):
+            (text / f"{split}.{lang}").write_text("".join(f"{word}{i}\n" for i in range(10)))
+    out = tmp_path / "corpus"
+    out.mkdir()
+    files = scale.synthetic_corpus(text, ("en", "es"), 250, out, seed=0)
+    assert files["dev"]["es"] == str(out / "dev.es") and (out / "dev.es").read_text() == (text / "dev.es").read_text()
+    src, tgt = ((out / f"train.{lang}").read_text().splitlines() for lang in ("en", "es"))
+    assert len(src) == len(tgt) == 250
+    spans = set()
+    for source, target in zip(src, tgt):
+        numbers = [int(word[1:]) for word in source.split()]
+        assert target == " ".join(f"s{i}" for i in numbers) and numbers == list(range(numbers[0], numbers[-1] + 1))
+        spans.add(len(numbers))
+    assert spans == {1, 2, 3}
