@@ -251,3 +251,22 @@ def test_only_names_an_unknown_variant(tmp_path):
     result = sweep_cli(write_sweep(tmp_path, "pair"), "--only", "nope")
     assert result.returncode == 2 and "--only nope: no such variant" in result.stderr
     assert "baseline, fast" in result.stderr
+
+
+def test_digests_hash_only_settings_that_differ_from_the_defaults(tmp_path):
+    """A key nmtkit adds later arrives at its default: finished variants must stay finished,
+    so the digests ignore settings at their defaults and change with any other value."""
+    from nmtkit.config import Config, from_dict
+    from nmtkit.sweep.spec import Variant, changed_settings
+
+    recipe = tiny_recipe(tmp_path / "work")
+    plain = from_dict(recipe)
+    defaults = Config().to_dict()
+    spelled_out = from_dict({**recipe, "train": {**recipe["train"], "label_smoothing": defaults["train"]["label_smoothing"],
+                                                 "clip_norm": defaults["train"]["clip_norm"]}})
+    changed = from_dict({**recipe, "train": {**recipe["train"], "clip_norm": 0.5}})
+    key = lambda cfg, attr: getattr(Variant("v", None, (), cfg), attr)  # noqa: E731
+    assert key(plain, "config_key") == key(spelled_out, "config_key") != key(changed, "config_key")
+    assert key(plain, "data_key") == key(changed, "data_key")
+    assert changed_settings(changed)["train"]["clip_norm"] == 0.5
+    assert "label_smoothing" not in changed_settings(spelled_out)["train"]

@@ -56,16 +56,34 @@ class Variant:
     @property
     def data_key(self) -> str:
         """Variants with the same key share one ``prepare``: a digest of what prepared/ depends on."""
-        settings = self.config.to_dict()
-        vocab = {k: v for k, v in settings["vocab"].items() if k != "workers"}  # workers change speed, not output
-        text = json.dumps({"data": settings["data"], "vocab": vocab}, sort_keys=True, default=str)
+        settings = changed_settings(self.config)
+        vocab = {k: v for k, v in settings.get("vocab", {}).items() if k != "workers"}  # speed, not output
+        text = json.dumps({"data": settings.get("data", {}), "vocab": vocab}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @property
     def config_key(self) -> str:
         """A digest of the whole resolved config: a finished variant counts only for this config."""
-        text = json.dumps(self.config.to_dict(), sort_keys=True, default=str)
+        text = json.dumps(changed_settings(self.config), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def changed_settings(config: Config) -> dict:
+    """The settings of ``config`` that differ from nmtkit's defaults: the digests above hash
+    these, so a key added to nmtkit later (at its default) leaves finished variants finished."""
+    def differ(value: Any, default: Any) -> Any:
+        if isinstance(value, dict) and isinstance(default, dict):
+            inner = {k: d for k, v in value.items() if (d := differ(v, default.get(k, _ABSENT))) is not _ABSENT}
+            if set(default) - set(value):  # keys taken away: not a default, whatever remains
+                return value
+            return inner or _ABSENT
+        return _ABSENT if value == default or (default is _ABSENT and value in ({}, [], None)) else value
+
+    return differ(json.loads(json.dumps(config.to_dict(), default=str)),
+                  json.loads(json.dumps(Config().to_dict(), default=str)))
+
+
+_ABSENT = object()
 
 
 @dataclass(frozen=True)
