@@ -274,10 +274,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
         live = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]
         scores = top_scores.gather(1, live)
         rows, next_tokens = origin_rows.gather(1, live), token.gather(1, live)
-        best = scores.max(1).values  # scores[:, 0] but with constraints, whose order is not by score
-        done = finished.count[sent].ge(beam) | limits[sent].le(step) | ~best.isfinite()
-        bound = best / length_penalty(limits[sent], lenpen).clamp(min=length_penalty(step + 1, lenpen))
-        done |= finished.count[sent].ge(nbest) & finished.worst_kept(sent).ge(bound)
+        done = _sentences_done(finished, sent, scores, limits, step, beam, nbest, lenpen)
         if bool(done.all()):
             break
         keep = (~done).nonzero().squeeze(1) if bool(done.any()) else None
@@ -292,6 +289,15 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
         state = state.select(rows)
         tokens = torch.cat([tokens[rows], next_tokens.reshape(-1, 1)], 1)
     return finished.results(src_mask, nbest)
+
+
+def _sentences_done(finished: _Finished, sent: Tensor, scores: Tensor, limits: Tensor, step: int, beam: int,
+                    nbest: int, lenpen: float) -> Tensor:
+    """Which sentences of the batch stop after ``step``: rules (1)-(3) of ``beam_search``."""
+    best = scores.max(1).values  # scores[:, 0] but with constraints, whose order is not by score
+    done = finished.count[sent].ge(beam) | limits[sent].le(step) | ~best.isfinite()
+    bound = best / length_penalty(limits[sent], lenpen).clamp(min=length_penalty(step + 1, lenpen))
+    return done | (finished.count[sent].ge(nbest) & finished.worst_kept(sent).ge(bound))
 
 
 @torch.inference_mode()
