@@ -6,7 +6,7 @@ int32 and read the same), plus ``*_offsets`` (int64, N+1 entries) so sentence i 
 ``ids[offsets[i]:offsets[i+1]]``; with several training corpora, ``corpus`` (int32, N) numbers
 the corpus of each pair. No BOS/EOS are stored; the batcher adds them. No pickles.
 
-The archive is stored uncompressed (as ``np.savez`` writes it too), so each array is a ``.npy``
+The archive is stored uncompressed (as numpy's ``savez`` writes it too), so each array is a ``.npy``
 at a fixed place in the file: ``load_split`` memory-maps them, and training reads the pages of
 the sentences it batches instead of holding the corpus in memory. ``SplitWriter`` writes a split
 a chunk of sentences at a time, so ``prepare`` never holds all the ids either.
@@ -180,7 +180,7 @@ def prepared_file(path: Path) -> Path:
 
 
 def load_split(path: str | Path, vocab_sizes: Optional[tuple[int, int]] = None) -> ParallelIds:
-    """A split as ``SplitWriter`` (or an older ``np.savez``) wrote it, memory-mapped, checked for
+    """A split as ``SplitWriter`` (or an older numpy ``savez``) wrote it, memory-mapped, checked for
     the layout every reader relies on and, with ``vocab_sizes`` (source, target), for ids the
     vocabularies have: a DataError naming the file otherwise (a truncated zip, a foreign array,
     ids from another SentencePiece model)."""
