@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from nmtkit import __version__
+from nmtkit import cli_options as opts
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.serving.requests import Limits
 
@@ -116,69 +117,36 @@ def train(
     run_train(cfg, _console(), restart=restart, dry_run=dry_run)
 
 
-_DEFAULTS = TranslateOptions()  # one home for every translate default: DecodeConfig and TranslateOptions
-DeviceOpt = typer.Option(_DEFAULTS.device, "--device", help="auto, cpu, cuda or cuda:N.")
-DtypeOpt = typer.Option(_DEFAULTS.dtype, "--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type).")
-
-
-def _decode_flag(setting: str, text: str, *short: str):
-    """A decode flag, unset unless given: the model's saved setting (else DecodeConfig's) applies then."""
-    return typer.Option(None, "--" + setting.replace("_", "-"), *short, show_default=False,
-                        help=f"{text}. Default: the model's (from its recipe), else {getattr(_DEFAULTS, setting)}.")
-
-
 @app.command(cls=_Command)
 def translate(
-    model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble)."),
-    input: Optional[Path] = typer.Option(None, "-i", "--input", help="Source text file (default: stdin)."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
-                                         help="Output file (default: stdout), written atomically; a device or "
-                                              "named pipe is written directly, a symbolic link is followed."),
-    beam_size: Optional[int] = _decode_flag("beam_size", "Beam size (1: greedy)", "-b"),
-    lenpen: Optional[float] = _decode_flag("lenpen", "GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs"),
-    max_len_a: Optional[float] = _decode_flag("max_len_a", "Output length limit a*|x|+b: a"),
-    max_len_b: Optional[int] = _decode_flag("max_len_b", "Output length limit a*|x|+b: b"),
-    min_len: Optional[int] = _decode_flag("min_len", "Minimum output length in pieces (EOS blocked before)"),
-    nbest: int = typer.Option(_DEFAULTS.nbest, "--nbest", min=1, help="N > 1: exactly N lines per input line, best first, as "
-                                "INDEX<tab>SCORE<tab>TEXT (INDEX: the input line, from 0; --alignments adds a 4th "
-                                "field). Lines the search cannot fill (all but the first for an empty input) have an "
-                                "empty text and score -inf."),
-    batch_tokens: Optional[int] = _decode_flag("batch_tokens", "Source tokens x beam per batch"),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    scores: bool = typer.Option(_DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab."),
-    alignments: bool = typer.Option(_DEFAULTS.alignments, "--alignments", help="Append a tab and Pharaoh alignment pairs "
-                                    "i-j (as fast_align and Moses write them): source word i is aligned to target word j, "
-                                    "words split at whitespace and counted from 0, pairs sorted. Each target piece is "
-                                    "aligned to the source piece it attends to most."),
-    alignment_units: str = typer.Option(_DEFAULTS.alignment_units, "--alignment-units", help="What --alignments counts: "
-                                        "words, or pieces (SentencePiece pieces; one pair per target piece, in order)."),
-    sample: bool = typer.Option(_DEFAULTS.sample, "--sample", help="Sample instead of beam search (for back-translation)."),
-    topk: int = typer.Option(_DEFAULTS.topk, "--topk", help="Sampling: keep the k most likely pieces (0: all)."),
-    topp: float = typer.Option(_DEFAULTS.topp, "--topp", help="Sampling: nucleus probability mass."),
-    temperature: float = typer.Option(_DEFAULTS.temperature, "--temperature", help="Sampling temperature."),
-    seed: int = typer.Option(_DEFAULTS.seed, "--seed", help="Random seed for sampling."),
-    errors: str = typer.Option(_DEFAULTS.errors, "--errors", help="Invalid UTF-8 input: strict (error) or replace."),
-    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for a directory written by nmtkit "
-                                "export, torch otherwise), torch or ctranslate2."),
-    compile: bool = typer.Option(_DEFAULTS.compile, "--compile", help="torch.compile the decoder step (needs a C++ compiler on CPU; the first batches pay the compile time)."),
-    prefix_file: Optional[Path] = typer.Option(None, "--prefix-file", show_default=False,
-                                               help="Target prefixes, one line per input line (a blank line: none): "
-                                                    "each output starts with exactly its prefix and goes on from it."),
-    constraints: Optional[Path] = typer.Option(None, "--constraints", show_default=False,
-                                               help='Terminology constraints, one JSON list of target phrases per input '
-                                                    'line (e.g. ["Haus", "rote Katze"]; [] or a blank line: none): '
-                                                    "each phrase appears in the output when the length limit leaves "
-                                                    "room (beam search, torch engine)."),
-    target_lang: str = typer.Option(_DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
-                                    help="A multilingual model: the language to translate into (puts its tag, e.g. "
-                                         "<2es>, before every line)."),
-    stream: bool = typer.Option(_DEFAULTS.stream, "--stream", help="Translate each input line as it arrives and flush "
-                                "its output at once (always when stdin is a terminal); without it, lines are read "
-                                "and translated --chunk-lines at a time."),
-    chunk_lines: int = typer.Option(_DEFAULTS.chunk_lines, "--chunk-lines", help="Lines read, translated and written at "
-                                    "a time; with -i FILE -o FILE each finished chunk is saved beside the output, so "
-                                    "the same command after a crash continues from the last one."),
+    model: List[Path] = opts.MODEL,
+    input: Optional[Path] = opts.INPUT,
+    output: Optional[str] = opts.OUTPUT,
+    beam_size: Optional[int] = opts.BEAM_SIZE,
+    lenpen: Optional[float] = opts.LENPEN,
+    max_len_a: Optional[float] = opts.MAX_LEN_A,
+    max_len_b: Optional[int] = opts.MAX_LEN_B,
+    min_len: Optional[int] = opts.MIN_LEN,
+    nbest: int = opts.NBEST,
+    batch_tokens: Optional[int] = opts.BATCH_TOKENS,
+    device: str = opts.DEVICE,
+    dtype: str = opts.DTYPE,
+    scores: bool = opts.SCORES,
+    alignments: bool = opts.ALIGNMENTS,
+    alignment_units: str = opts.ALIGNMENT_UNITS,
+    sample: bool = opts.SAMPLE,
+    topk: int = opts.TOPK,
+    topp: float = opts.TOPP,
+    temperature: float = opts.TEMPERATURE,
+    seed: int = opts.SEED,
+    errors: str = opts.ERRORS,
+    engine: str = opts.ENGINE,
+    compile: bool = opts.COMPILE,
+    prefix_file: Optional[Path] = opts.PREFIX_FILE,
+    constraints: Optional[Path] = opts.CONSTRAINTS,
+    target_lang: str = opts.TARGET_LANG,
+    stream: bool = opts.STREAM,
+    chunk_lines: int = opts.CHUNK_LINES,
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
@@ -208,10 +176,10 @@ def serve(
     model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble; ctranslate2: an export)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, printed at start)."),
-    engine: str = typer.Option(_DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
-    batch_tokens: int = typer.Option(_DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per model call (requests are collected up to it)."),
+    engine: str = typer.Option(opts.DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
+    device: str = opts.DEVICE,
+    dtype: str = opts.DTYPE,
+    batch_tokens: int = typer.Option(opts.DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per model call (requests are collected up to it)."),
     batch_window_ms: float = typer.Option(5.0, "--batch-window-ms", help="How long the first waiting request waits for others to join its batch."),
     max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),

@@ -20,6 +20,7 @@ LAYERS = (
     ("training", "ctranslate2"),
     ("viz", "card", "translation", "pipeline", "sweep"),
     ("serving",),
+    ("cli_options",),
     ("cli",),
     ("__main__",),
 )
