@@ -168,14 +168,15 @@ def write_text_if_changed(path: str | Path, text: str) -> bool:
     return True
 
 
-def shown_path(path: str | Path, key: str) -> str:
-    """How an error names a path a recipe gave (``key``): the absolute path tried and, for a
-    relative one, the directory it was resolved against (the current directory)."""
-    path = Path(path)
+def shown_path(path: str | Path, key: str, given: str | Path | None = None) -> str:
+    """How an error names a path a recipe gave (``key``), or one under it (``given``: the
+    recipe's value): the absolute path tried and, for a relative one, the directory it was
+    resolved against (the current directory)."""
+    given = Path(path if given is None else given)
     absolute = Path(os.path.abspath(path))
-    if path.is_absolute():
+    if given.is_absolute():
         return f"{absolute} ({key})"
-    return f"{absolute} ({key} = {str(path)!r}, relative to the current directory {os.getcwd()})"
+    return f"{absolute} ({key} = {str(given)!r}, relative to the current directory {os.getcwd()})"
 
 
 def read_json_dict(path: str | Path) -> dict | None:

@@ -45,6 +45,7 @@ def test_bad_input_exits_2(command, files_recipe, tmp_path, monkeypatch, capsys)
     cases = [  # (arguments, fragment of the one error line)
         ([str(tmp_path / "missing.yaml")], "recipe not found"),
         ([recipe, "train.lr=nan"], "train.lr must be a finite number"),
+        ([recipe, "train.max_steps=0"], "train.max_steps must be in [1, 2**62], got 0"),  # was an IndexError in run
         ([recipe, "data.source=bible"], "data.source 'bible' is not one of"),
         ([files_recipe(workdir=str(tmp_path / "train.src"))],  # workdir is a file
          "run `nmtkit prepare`" if command == "train" else "train.src/prepared: Not a directory"),
@@ -97,3 +98,27 @@ def test_quiet_train_prints_nothing_but_warnings(files_recipe, tmp_path):
     assert "parameters: total" in loud.stderr.decode()  # what -q hid
     dry = run_cli("-q", "train", files_recipe(), "--dry-run")
     assert "parameters: total" in dry.stderr.decode()  # the answer to --dry-run, even with -q
+
+
+def test_a_model_too_big_for_the_memory_is_one_line_and_dry_run_still_answers(files_recipe, tmp_path, monkeypatch,
+                                                                              capsys):
+    """A size within the ranges may not fit this machine: exit 1 in one line naming the size (the
+    allocator's failure is simulated); --dry-run counts on the meta device and still answers."""
+    import torch
+
+    from nmtkit.models.transformer import Transformer
+
+    write_prepared(tmp_path / "work", reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
+    built = Transformer.__init__
+
+    def allocate(self, *args, **kwargs):
+        if torch.empty(0).device.type != "meta":
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+        built(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "__init__", allocate)
+    code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe())
+    assert_error(code, err, 1, "not enough memory to build the model (", " parameters, ",
+                 "make model dimensions, layers or vocab.size smaller")
+    code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe(), "--dry-run")
+    assert code == 0 and "parameters: total" in err, err

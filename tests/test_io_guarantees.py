@@ -19,7 +19,8 @@ import pytest
 from conftest import run_cli, tiny_sentences
 from test_translate import save_tiny_model
 
-COMMANDS = ("prepare", "train", "translate", "score", "run", "average", "plot", "attention", "info", "export")
+COMMANDS = ("prepare", "train", "translate", "serve", "score", "run", "sweep", "average", "plot", "attention", "info",
+            "export")
 
 
 def help_text(*command: str) -> str:
@@ -44,6 +45,11 @@ def one_line_error(result, code: int = 2) -> str:
 # --- help text (item 10) -------------------------------------------------------------------
 
 def test_help_shows_no_python_types():
+    import typer.main
+
+    from nmtkit.cli import app
+
+    assert sorted(COMMANDS) == sorted(typer.main.get_command(app).commands)  # every command is checked
     for command in ((), *((name,) for name in COMMANDS)):
         text = help_text(*command)
         assert "<bool>" not in text and "<list" not in text, (command, text)
@@ -118,7 +124,42 @@ def test_a_missing_recipe_file_names_the_absolute_path_and_the_directory(tmp_pat
     assert "'data/train.en'" in message and f"relative to the current directory {work}" in message
 
 
+def test_a_relative_workdir_is_shown_with_the_directory_it_was_relative_to(tmp_path, monkeypatch, capsys):
+    """The default workdir (data/NAME) is relative: run from the wrong directory, train names where it looked."""
+    from test_robustness import assert_error, cli
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({"name": "paths", "data": {"source": "files"}}))
+    monkeypatch.chdir(elsewhere)
+    code, err = cli(monkeypatch, capsys, "train", str(recipe))
+    assert_error(code, err, 2, f"{elsewhere}/data/paths/prepared/spm.model (workdir = 'data/paths', relative to "
+                               f"the current directory {elsewhere}) not found: run `nmtkit prepare`")
+
+
 # --- text inputs: byte-order marks, CRLF, pipes (item 18) ------------------------------------
+
+def test_translate_reads_pipes_and_dev_stdin_and_ignores_a_bom_and_crlf(tmp_path, model_dir, monkeypatch, capsys):
+    from test_decode_settings import run
+
+    text = "the cat sat\n\na red dog\n"
+    plain = tmp_path / "plain.txt"
+    plain.write_text(text, encoding="utf-8")
+    expected = run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain))
+    assert len(expected.splitlines()) == 3
+    windows = tmp_path / "windows.txt"
+    windows.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
+    assert run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(windows)) == expected
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(text, encoding="utf-8"))
+    writer.start()
+    assert run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(fifo)) == expected
+    writer.join()
+    piped = run_cli("translate", "-m", str(model_dir), *FAST, "-i", "/dev/stdin", input=text)
+    assert piped.returncode == 0 and piped.stdout.decode("utf-8") == expected, piped.stderr.decode()
+
 
 def test_score_ignores_a_byte_order_mark_and_crlf(tmp_path):
     refs = tiny_sentences(20, seed=3)
@@ -298,12 +339,38 @@ def test_invalid_utf8_while_streaming_says_what_was_written(tmp_path, model_dir)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkeypatch, capsys):
+    """The issue's case (a bad line 12,001 after chunks of 10,000) at a small scale: chunks of 2,
+    the bad line after two whole chunks and a part, and right after a whole chunk."""
+    import io
+
+    import nmtkit.translation
+    from nmtkit.cli import main
+
+    monkeypatch.setattr(nmtkit.translation, "CHUNK_LINES", 2)
+    good = ["the cat sat", "", "a dog", "the red house", "on the mat"]
+    for before in (5, 4):
+        expected = run_cli("translate", "-m", str(model_dir), *FAST,
+                           input="".join(line + "\n" for line in good[:before])).stdout.decode("utf-8")
+        data = "".join(line + "\n" for line in good[:before]).encode("utf-8") + b"the \xff dog\nthe cat\n"
+        monkeypatch.setattr(sys, "argv", ["nmtkit", "translate", "-m", str(model_dir), *FAST])
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        with pytest.raises(SystemExit) as stopped:
+            main()
+        captured = capsys.readouterr()
+        assert stopped.value.code == 2 and captured.err.count("\n") == 1, captured.err
+        assert f"<stdin>: line {before + 1} is not valid UTF-8 (byte 4); the {before} line(s) before it were " \
+               f"translated and written to stdout" in captured.err
+        assert captured.out == expected and len(expected.splitlines()) == before
+
+
 # --- exit codes (item 9) -------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
     ("translate", "-m", "{missing}"), ("average", "{missing}"), ("score", "-r", "{missing}", "-i", "{missing}"),
     ("export", "{missing}", "-o", "{tmp}/out"), ("attention", "-m", "{missing}", "the cat", "-o", "{tmp}/a.png"),
-    ("plot", "{missing}", "-o", "{tmp}/c.png"), ("info", "{missing}"),
+    ("plot", "{missing}", "-o", "{tmp}/c.png"), ("info", "{missing}"), ("serve", "-m", "{missing}", "--port", "0"),
+    ("sweep", "{missing}"), ("prepare", "{missing}"), ("train", "{missing}"), ("run", "{missing}"),
 ])
 def test_a_missing_input_exits_2(tmp_path, args):
     args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in args]

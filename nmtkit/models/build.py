@@ -2,10 +2,24 @@
 from __future__ import annotations
 
 from nmtkit.config import ModelConfig
+from nmtkit.errors import NmtkitError
 from nmtkit.models.base import Seq2Seq
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Seq2Seq:
+    """The model ``cfg`` describes. A size within the recipe's ranges may still not fit this
+    machine's memory: that is one line naming the model's size, not an allocator traceback."""
+    try:
+        return _build(cfg, src_vocab_size, tgt_vocab_size)
+    except (RuntimeError, MemoryError) as err:
+        if not (isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "out of memory" in str(err)):
+            raise
+        total = parameter_counts(cfg, src_vocab_size, tgt_vocab_size)["total"]
+        raise NmtkitError(f"not enough memory to build the model ({total:,} parameters, {total * 4 / 2**30:.1f} GiB "
+                          f"in float32): make model dimensions, layers or vocab.size smaller") from None
+
+
+def _build(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Seq2Seq:
     if cfg.arch == "transformer":
         from nmtkit.models.transformer import Transformer
 
@@ -40,7 +54,7 @@ def parameter_counts(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int)
     import torch
 
     with torch.device("meta"):
-        model = build_model(cfg, src_vocab_size, tgt_vocab_size)
+        model = _build(cfg, src_vocab_size, tgt_vocab_size)
     total = parameter_table(model)["total"]
     active = model.active_parameters() if hasattr(model, "active_parameters") else total
     return {"total": total, "active": int(active)}

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from nmtkit.errors import ConfigError
+from nmtkit.limits import check_range
 from nmtkit.scoring.metrics import LOWER_IS_BETTER, METRICS, check_line_counts, make_metric
 
 TESTS = ("bootstrap", "ar")
@@ -136,8 +137,7 @@ def _interval(scores: np.ndarray, alpha: float) -> tuple[float, float]:
 def check_test_options(test: str, resamples: int, alpha: float = DEFAULT_ALPHA) -> None:
     if test not in TESTS:
         raise ConfigError(f"unknown significance test {test!r} (choose from {', '.join(TESTS)})")
-    if resamples < 1:
-        raise ConfigError(f"resamples must be at least 1, got {resamples}")
+    check_range("score.resamples", resamples, "resamples")
     if not 0 < alpha < 1:
         raise ConfigError(f"alpha must be between 0 and 1 (exclusive), got {alpha}")
 

@@ -26,7 +26,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from nmtkit.errors import ConfigError, NmtkitError
+from nmtkit.errors import NmtkitError
+from nmtkit.limits import check_range
 from nmtkit.serving.batcher import Batcher
 from nmtkit.serving.requests import Limits, RequestError, parse_request
 
@@ -142,8 +143,8 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
 
     options.validate()
     limits.check()
-    if window_ms < 0 or not 0 <= port <= 65535:
-        raise ConfigError("--batch-window-ms must not be negative and --port must be 0-65535")
+    check_range("serve.batch_window_ms", window_ms, "--batch-window-ms")
+    check_range("serve.port", port, "--port")
     sock = bind(host, port)
     try:
         engine = open_engine(model_dirs, options)

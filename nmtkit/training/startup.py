@@ -14,7 +14,7 @@ from nmtkit.data.identity import changes, identity, read_record, write_record
 from nmtkit.data.ids import ParallelIds, load_split, prepared_file
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.errors import CheckpointError, ConfigError, DataError
-from nmtkit.files import exclusive, read_lines
+from nmtkit.files import exclusive, read_lines, shown_path
 from nmtkit.modeldir import load_weights
 from nmtkit.runlog import check_resume_settings
 from nmtkit.training import distributed as dist
@@ -80,7 +80,8 @@ def prepared_vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
     src_name, tgt_name = spm_files(cfg.vocab.joint)
     src_path, tgt_path = prepared / src_name, prepared / tgt_name
     if not src_path.is_file():
-        raise DataError(f"{src_path} not found: run `nmtkit prepare` on this recipe first")
+        raise DataError(f"{shown_path(src_path, 'workdir', cfg.work_path)} not found: run `nmtkit prepare` on this "
+                        f"recipe first")
     src_path, tgt_path = prepared_file(src_path), prepared_file(tgt_path)
     return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
 

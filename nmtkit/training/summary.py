@@ -62,5 +62,9 @@ def print_dry_run(cfg: Config, console, device, dtype) -> None:
         if init is not None:
             check_vocabulary(init, src_path, tgt_path)
     if dist.is_main():
-        print_summary(console, build_model(cfg.model, *sizes), cfg, sizes, device, dtype, always=True,
+        import torch
+
+        with torch.device("meta"):  # counts and dims only: no memory, even for a model too big for this machine
+            model = build_model(cfg.model, *sizes)
+        print_summary(console, model, cfg, sizes, device, dtype, always=True,
                       init=init.record() if init is not None else None)

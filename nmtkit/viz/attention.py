@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.limits import check_range
 from nmtkit.viz.figure import check_image_path, new_figure, save_figure
 
 
@@ -151,6 +152,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")
     if head is not None and grid:
         raise ConfigError("--grid shows every head: leave out --head")
+    check_range("decode.beam_size", beam_size, "--beam-size")
     if fmt == "png":
         check_image_path(out)  # before translating
     att = sentence_attention(load_model_dir(model_dir, device=resolve_device(device)), sentence, beam_size)
