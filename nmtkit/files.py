@@ -117,7 +117,9 @@ def exclusive(directory: Path, holder: str) -> Iterator[None]:
         yield
         return
     lock_file = Path(directory) / ".lock"
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)  # not truncated before we hold the lock
+    # not truncated before we hold the lock; a symbolic link there is refused (ELOOP), not
+    # followed: the pid written next would overwrite whatever it points to
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from nmtkit.config import Config
-from nmtkit.files import atomic_write_text, read_json_dict, read_lines
+from nmtkit.files import atomic_write_text, read_json_dict, read_lines, sha256_file
 from nmtkit.workdir import RunDir, WorkDir
 
 
@@ -71,15 +71,17 @@ def translate_split(cfg: Config, split: str, out_dir: Path, console, options, we
     stamp = _stamp(weights_sha256, settings, len(sources))  # older stamps stay valid
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
-    if hyp_path.is_file() and done.get("stamp") == stamp:
+    if hyp_path.is_file() and done.get("stamp") == stamp and done.get("sha256") == sha256_file(hyp_path):
         console.info(f"{split}: translations up to date ({hyp_path})")
-        return read_lines(hyp_path), done.get("seconds", 0.0)
+        seconds = done.get("seconds")
+        return read_lines(hyp_path), seconds if isinstance(seconds, (int, float)) and seconds >= 0 else 0.0
     model = translator()
     start = time.perf_counter()
     hyps = model.translate(sources)
     seconds = time.perf_counter() - start
-    atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
-    atomic_write_text(stamp_path, json.dumps({"stamp": stamp, "seconds": round(seconds, 3)}) + "\n")
+    atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))  # a damaged copy (other sha256) is made again
+    atomic_write_text(stamp_path, json.dumps({"stamp": stamp, "seconds": round(seconds, 3),
+                                              "sha256": sha256_file(hyp_path)}) + "\n")
     console.info(f"{split}: translated {len(sources)} sentences in {seconds:.1f}s "
                  f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {options.beam_size})")
     return hyps, seconds

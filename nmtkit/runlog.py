@@ -13,16 +13,28 @@ from typing import Optional
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.files import atomic_write_text
+from nmtkit.recipe_text import safe_yaml
 from nmtkit.workdir import RunDir, WorkDir
 
 
 def parse_record(line: str) -> Optional[dict]:
-    """A metrics record, or None for a blank line or one that a kill cut short."""
+    """A metrics record, or None for a blank line, one that a kill cut short, or one that
+    cannot be a record (every record has a ``type`` and a non-negative integer ``step``, and
+    its ``train_seconds``, when there, is a number)."""
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        return None
+    step, seconds = record.get("step"), record.get("train_seconds", 0.0)
+    if not _is_number(step) or not isinstance(step, int) or step < 0 or not _is_number(seconds):
+        return None
+    return record
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_run_config(run_dir: str | Path) -> Optional[dict]:
@@ -80,14 +92,17 @@ def metrics_path(run_dir: str | Path) -> Path:
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """The records of a run, in order. A cut-off last line (a run still writing) is skipped."""
     path = metrics_path(run_dir)
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}): not a metrics log") from None
     records = []
     for number, line in enumerate(lines, 1):
         record = parse_record(line)
         if record is not None:
             records.append(record)
         elif number < len(lines):
-            raise DataError(f"{path}:{number}: not a JSON record")
+            raise DataError(f"{path}:{number}: not a metrics record (a JSON object with a type and a step)")
     return records
 
 

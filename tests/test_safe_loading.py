@@ -429,6 +429,17 @@ def test_trainer_tensors_are_checked(two_checkpoints, tmp_path, monkeypatch, cap
     resume_falls_back(monkeypatch, capsys, work, recipe, fragment)
 
 
+def reversal_files(root: Path) -> dict:
+    """Reversal pairs as text files (80 train, 6 dev, 6 test) under ``root``: a recipe's data.files."""
+    files: dict = {}
+    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
+                         ("test", reversal_pairs(6, 2, 5))):
+        for lang, side in (("src", 0), ("tgt", 1)):
+            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
+    return files
+
+
 @pytest.fixture(scope="module")
 def prepared_by_prepare(tmp_path_factory) -> Path:
     """A workdir prepared by ``nmtkit prepare`` itself (so prepared/ has its checksums.json)."""
@@ -437,12 +448,7 @@ def prepared_by_prepare(tmp_path_factory) -> Path:
     from nmtkit.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("prep")
-    files: dict = {}
-    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
-                         ("test", reversal_pairs(6, 2, 5))):
-        for lang, side in (("src", 0), ("tgt", 1)):
-            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
-            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
+    files = reversal_files(root)
     workdir = root / "work"
     recipe = tiny_recipe(workdir, data={"files": files},
                          model=dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1),

@@ -126,6 +126,48 @@ def test_results_columns_and_p_values(finished):
     assert "test BLEU" in result.stderr  # the summary table
 
 
+@pytest.mark.parametrize("name", ["results/results.json", "sweep-run.json", "../../sweep.json"])
+def test_damaged_sweep_records_read_as_pending_or_are_one_line(finished, monkeypatch, capsys, name):
+    """A variant's results.json or sweep-run.json damaged any way: the variant reads as pending (it
+    runs again) or, where the damage left a sound record, as it was; the table is still written.
+    A damaged sweep.json is a one-line error for `nmtkit plot`. The files are put back after."""
+    from test_robustness import cli
+    from test_safe_loading import MUTATIONS, mutate
+
+    from nmtkit.models.build import parameter_counts
+    from nmtkit.sweep.record import variant_status
+    from nmtkit.sweep.results import write_results
+    from nmtkit.sweep.spec import load_sweep
+
+    _, sweep_file, sweep_dir, _ = finished
+    path = sweep_dir / "variants" / "fast" / name
+    intact, results = path.read_bytes(), (sweep_dir / "results.json").read_bytes()
+    plan = load_sweep(sweep_file)
+    fast = plan.variants[1]
+    try:
+        for how in (*MUTATIONS, "wrong types"):
+            if how == "wrong types":
+                path.write_text(json.dumps({"config": fast.config_key, "status": "done", "sessions": "2",
+                                            "peak_rss_mib": "x", "splits": {"dev": 1, "test": []},
+                                            "variants": [{"name": 3}]}))
+            else:
+                mutate(path, how, sweep_dir / "ran")
+            if name.endswith("sweep.json"):
+                code, err = cli(monkeypatch, capsys, "plot", str(sweep_dir), "-o", str(sweep_dir / "c.png"))
+                assert code == 2 and err.startswith("nmtkit: error: ") and err.count("\n") == 1, err
+                assert f"{path.resolve()}" in err or f"{path}" in err
+            else:
+                assert variant_status(plan, fast) in ("pending", "done")
+                counts = {v.name: parameter_counts(v.config.model, 16, 16) for v in plan.variants}
+                rows = write_results(plan, counts)["variants"]
+                assert rows[1]["status"] == variant_status(plan, fast) and rows[0]["status"] == "done"
+            path.write_bytes(intact)
+    finally:
+        path.write_bytes(intact)
+        (sweep_dir / "results.json").write_bytes(results)
+    assert not (sweep_dir / "ran").exists()
+
+
 def test_finished_variants_are_skipped(finished):
     _, sweep, sweep_dir, _ = finished
     before = results_of(sweep_dir)

@@ -4,7 +4,7 @@ A step's inputs are hashed into a key; its stamp, DIR/stamps/NAME.json, keeps th
 size and mtime of every output and the step's report. A step is skipped when the key matches
 and no output was touched; otherwise its stamp (and DIR's checksums.json) is removed before
 the step touches its outputs and written after they are complete, so an interrupted step is
-redone. The caller holds DIR's lock (``nmtkit.files.exclusive``).
+redone. A stamp carries a sha256 of its content: a damaged one makes its step run again. The caller holds DIR's lock (``nmtkit.files.exclusive``).
 """
 from __future__ import annotations
 
@@ -28,17 +28,35 @@ def run_step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, 
     """
     stamp_path = out / "stamps" / f"{name}.json"
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
-    stamp = read_json_dict(stamp_path)
-    if stamp and stamp.get("key") == key and all(
-            _file_state(out / file) == state for file, state in stamp.get("outputs", {}).items()):
+    stamp = _read_stamp(stamp_path)
+    if stamp and stamp["key"] == key and all(_file_state(out / file) == state for file, state in stamp["outputs"].items()):
         return stamp["report"], "up to date"
     stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete,
     (out / MANIFEST).unlink(missing_ok=True)  # and no checksums (rewritten at the end)
     report, outputs = work()
     stamp = {"key": key, "inputs": inputs, "outputs": {file: _file_state(out / file) for file in outputs},
              "report": report}
+    stamp["sha256"] = _stamp_digest(stamp)
     atomic_write_text(stamp_path, json.dumps(stamp, indent=1, ensure_ascii=False) + "\n")
     return report, "done"
+
+
+def _stamp_digest(stamp: dict) -> str:
+    """A checksum of a stamp's content: its report goes into the manifest when the step is
+    skipped, so a flipped digit there must not pass as the data's counts."""
+    content = {key: value for key, value in stamp.items() if key != "sha256"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _read_stamp(path: Path) -> dict | None:
+    """The stamp of a finished step, or None when it is missing or damaged (the step runs again).
+    Stamps from before the checksum have none and are taken as they are (not redone on upgrade)."""
+    stamp = read_json_dict(path)
+    if stamp is None or ("sha256" in stamp and stamp["sha256"] != _stamp_digest(stamp)):
+        return None
+    if not isinstance(stamp.get("key"), str) or not isinstance(stamp.get("outputs"), dict) or "report" not in stamp:
+        return None
+    return stamp
 
 
 def _file_state(path: Path) -> list[int] | None:

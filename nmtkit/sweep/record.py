@@ -4,6 +4,7 @@ digest, peak RSS). Read by the runner (what to skip) and the results table, writ
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from nmtkit.files import read_json_dict
 from nmtkit.sweep.spec import Sweep, Variant
@@ -12,8 +13,41 @@ from nmtkit.workdir import WorkDir
 RECORD = "sweep-run.json"
 
 
+FIELDS = {"config": str, "status": str, "exit_code": int, "sessions": int, "peak_rss_mib": (int, float),
+          "error": str}
+SPLIT_FIELDS = {"sentences": int, "translate_seconds": (int, float)}
+
+
+def _typed(value, kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
 def read_record(variant_dir: Path) -> dict:
-    return read_json_dict(variant_dir / RECORD) or {}
+    """The variant's record; a field of the wrong type is left out (a damaged record, or a
+    damaged status, reads as pending and the variant runs again)."""
+    record = read_json_dict(variant_dir / RECORD) or {}
+    return {key: value for key, value in record.items() if key in FIELDS and _typed(value, FIELDS[key])}
+
+
+def read_results(variant_dir: Path) -> Optional[dict]:
+    """VARIANT_DIR/results/results.json as ``nmtkit run`` wrote it, or None when it is missing
+    or damaged (then the variant is pending: running it again rewrites the file)."""
+    results = read_json_dict(WorkDir(variant_dir).results / "results.json")
+    splits = results.get("splits") if results is not None else None
+    if not isinstance(splits, dict):
+        return None
+    for split in ("dev", "test"):
+        row = splits.get(split)
+        if not isinstance(row, dict) or not all(_typed(row.get(k), kind) for k, kind in SPLIT_FIELDS.items()):
+            return None
+        for metric in ("bleu", "chrf", "ter"):
+            scored = row.get(metric)
+            if not isinstance(scored, dict) or not _typed(scored.get("score"), (int, float)) or \
+                    not isinstance(scored.get("signature"), str):
+                return None
+    if not _typed(results.get("train_minutes", 0), (int, float)):
+        return None
+    return results
 
 
 def variant_status(sweep: Sweep, variant: Variant) -> str:
@@ -22,7 +56,6 @@ def variant_status(sweep: Sweep, variant: Variant) -> str:
     record = read_record(sweep.variant_dir(variant.name))
     if record.get("config") != variant.config_key:
         return "pending"
-    results = WorkDir(sweep.variant_dir(variant.name)).results / "results.json"
-    if record.get("status") == "done" and not results.is_file():
+    if record.get("status") == "done" and read_results(sweep.variant_dir(variant.name)) is None:
         return "pending"
     return record.get("status", "pending")

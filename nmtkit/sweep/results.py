@@ -15,7 +15,7 @@ from typing import Any
 from nmtkit.errors import DataError
 from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED
-from nmtkit.sweep.record import read_record, variant_status
+from nmtkit.sweep.record import read_record, read_results, variant_status
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir
 
@@ -55,7 +55,7 @@ def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
         row["error"] = record.get("error")
     if status != "done":
         return row
-    results = json.loads((WorkDir(directory).results / "results.json").read_text(encoding="utf-8"))
+    results = read_results(directory)  # sound: the status is done
     test, dev = results["splits"]["test"], results["splits"]["dev"]
     row.update(test_bleu=test["bleu"]["score"], test_chrf=test["chrf"]["score"], test_ter=test["ter"]["score"],
                dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
@@ -73,8 +73,10 @@ def _training_figures(run_dir: Path) -> dict:
         records = read_metrics(run_dir)
     except DataError:
         return {}
-    valid = [r["dev_loss"] for r in records if r.get("type") == "valid" and "dev_loss" in r]
-    speeds = [r["tgt_tok_s"] for r in records if r.get("type") == "train" and "tgt_tok_s" in r]
+    def numbers(kind: str, field: str) -> list[float]:
+        return [r[field] for r in records if r["type"] == kind and isinstance(r.get(field), (int, float))]
+
+    valid, speeds = numbers("valid", "dev_loss"), numbers("train", "tgt_tok_s")
     return {"dev_loss": valid[-1] if valid else None,
             "train_tok_s": round(statistics.median(speeds), 1) if speeds else None}
 

@@ -174,7 +174,7 @@ def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
                           "config_key": v.config_key, "parameters": counts[v.name]} for v in sweep.variants]}
     text = json.dumps(plan, indent=1, ensure_ascii=False) + "\n"
     path = sweep.workdir / "sweep.json"
-    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+    if not path.is_file() or path.read_bytes() != text.encode("utf-8"):  # damaged or stale: rewritten
         atomic_write_text(path, text)
 
 

@@ -285,8 +285,10 @@ def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
         return None
     try:
         names = [v["name"] for v in json.loads(plan_path.read_text(encoding="utf-8"))["variants"]]
-    except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`") from None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        names = None
+    if not names or not all(isinstance(name, str) and _NAME.fullmatch(name) for name in names):
+        raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`")
     runs = [(name, WorkDir(variant_dir(Path(directory), name)).run) for name in names]
     runs = [(name, run.path) for name, run in runs if run.metrics.is_file()]
     if not runs:

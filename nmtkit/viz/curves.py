@@ -68,9 +68,13 @@ def layer_series(records: list[dict], field: str, value, x: str) -> dict[str, tu
     out: dict[str, tuple[list[float], list[float]]] = {}
     for at, record in zip(xs, points):
         for layer, raw in record[field].items():
+            try:
+                point = float(value(raw))
+            except (TypeError, ValueError):  # a damaged record's value: left out
+                continue
             layer_xs, layer_ys = out.setdefault(layer, ([], []))
             layer_xs.append(at)
-            layer_ys.append(value(raw))
+            layer_ys.append(point)
     return out
 
 

@@ -1,0 +1,192 @@
+"""The files a work directory holds besides models, checkpoints and prepared ids (those are in
+test_safe_loading): a run's metrics.jsonl, config.yaml and data.json, prepare's step stamps,
+the cached translations of ``nmtkit run``, a sweep's records and plan, and lock files. Each is
+truncated, flipped, replaced by another file type and by a pickle: the reader gives one line,
+or falls back as documented (a warning; a step or translation made again), never a traceback
+and never a silently wrong result (issue 14)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_recipe
+from test_robustness import MODEL, cli
+from test_safe_loading import MUTATIONS, assert_one_line, copy_work, mutate, reversal_files
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A work directory after ``nmtkit run`` of a tiny files recipe (recipe.yaml beside it)."""
+    from nmtkit.config import from_dict
+    from nmtkit.console import get_console
+    from nmtkit.pipeline import run_recipe
+
+    root = tmp_path_factory.mktemp("records")
+    recipe = tiny_recipe(root / "work", model=MODEL, data={"files": reversal_files(root)},
+                         train=dict(max_steps=4, save_every=2, validate_every=2, max_tokens=100, average_last=2))
+    (root / "work").mkdir()
+    (root / "work" / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    run_recipe(from_dict(recipe), get_console(-1))
+    return root / "work"
+
+
+def assert_fine_or_one_line(code: int, err: str, marker: Path) -> None:
+    """Success (a fallback may have warned), or exactly one error line."""
+    assert "Traceback" not in err, err
+    if code != 0:
+        assert_one_line(code, err, (1, 2), marker)
+    assert not marker.exists()
+
+
+def test_quiet_prepare_and_run_print_nothing_on_stderr(finished, tmp_path, monkeypatch, capsys):
+    """-q (issue 14, item 8) for the two commands the option fuzz only sees failing."""
+    _, recipe = copy_work(finished, tmp_path)
+    assert cli(monkeypatch, capsys, "-q", "prepare", str(recipe)) == (0, "")
+    assert cli(monkeypatch, capsys, "-q", "run", str(recipe)) == (0, "")
+
+
+# --- RUN_DIR/metrics.jsonl: read by plot, info and sweep tables ---------------------------------
+
+@pytest.mark.parametrize("how", [*MUTATIONS, "a record without a step"])
+def test_a_damaged_metrics_log(finished, tmp_path, monkeypatch, capsys, how):
+    work, _ = copy_work(finished, tmp_path)
+    metrics, marker = work / "train" / "metrics.jsonl", tmp_path / "ran"
+    if how == "a record without a step":
+        lines = metrics.read_text().splitlines()
+        metrics.write_text("\n".join([lines[0], '{"type": "train", "step": "4", "loss": 1.0}', *lines[1:]]) + "\n")
+    else:
+        mutate(metrics, how, marker)
+    code, err = cli(monkeypatch, capsys, "plot", str(work / "train"), "-o", str(tmp_path / "c.png"), "--size",
+                    "200x150")
+    assert_fine_or_one_line(code, err, marker)
+    if code:
+        assert f"{metrics}" in err
+    else:  # the damage was in the last line, which a run still writing may have cut: skipped
+        assert how in ("truncated", "flipped")
+    code, err = cli(monkeypatch, capsys, "info", str(work / "train" / "best"))
+    assert code == 0 and "Traceback" not in err, err
+    assert code == 0 and (how in ("truncated", "flipped") or f"training left out: {metrics}" in " ".join(err.split()))
+
+
+# --- RUN_DIR/config.yaml and RUN_DIR/data.json: read when a run resumes -------------------------
+
+ALIASES = 'a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8))
+
+
+@pytest.mark.parametrize("how", [*MUTATIONS, "aliases", "deep"])
+def test_a_damaged_run_config_is_not_compared(finished, tmp_path, monkeypatch, capsys, how):
+    work, recipe = copy_work(finished, tmp_path)
+    saved, marker = work / "train" / "config.yaml", tmp_path / "ran"
+    if how == "aliases":  # 10**9 values once expanded
+        saved.write_text(ALIASES)
+    elif how == "deep":
+        saved.write_text("model: " + "[" * 3000 + "]" * 3000 + "\n")
+    else:
+        mutate(saved, how, marker)
+    code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=6")
+    assert_fine_or_one_line(code, err, marker)
+    text = " ".join(err.split())
+    if code == 0 and how != "flipped":  # a flip may leave valid YAML: then it is compared as it reads
+        assert f"warning: {saved} is damaged: settings are not compared with the previous session's" in text, err
+    if code == 0:
+        assert "resumed from step_00000004" in text
+
+
+@pytest.mark.parametrize("how", MUTATIONS)
+def test_a_damaged_data_record(finished, tmp_path, monkeypatch, capsys, how):
+    """Damaged beyond reading: a warning, and the run resumes (recorded again); a flip that still
+    reads as a record names other data: the one-line refusal that --restart answers."""
+    work, recipe = copy_work(finished, tmp_path)
+    record, marker = work / "train" / "data.json", tmp_path / "ran"
+    intact = record.read_text()
+    mutate(record, how, marker)
+    code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=6")
+    assert_fine_or_one_line(code, err, marker)
+    if code == 0:
+        assert f"warning: {record} is damaged" in " ".join(err.split()), err
+        assert record.read_text() == intact
+    else:
+        assert code == 2 and "use --restart to start over" in err
+
+
+# --- prepared/stamps/*.json: a skipped step's report goes into the manifest -----------------------
+
+@pytest.mark.parametrize("how", [*MUTATIONS, "a digit in the report"])
+@pytest.mark.parametrize("step", ["fetch", "spm", "encode"])
+def test_a_damaged_stamp_makes_its_step_run_again(finished, tmp_path, monkeypatch, capsys, step, how):
+    from nmtkit.data.ids import load_split
+
+    work, recipe = copy_work(finished, tmp_path)
+    prepared, marker = work / "prepared", tmp_path / "ran"
+    stamp = prepared / "stamps" / f"{step}.json"
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    ids = load_split(prepared / "train.npz")
+    if how == "a digit in the report":  # still valid JSON, with a count that is not the data's
+        text = stamp.read_text()
+        position = next(i for i in range(text.index('"report"'), len(text)) if text[i].isdigit())
+        stamp.write_text(text[:position] + str((int(text[position]) + 1) % 10) + text[position + 1:])
+    else:
+        mutate(stamp, how, marker)
+    code, err = cli(monkeypatch, capsys, "prepare", str(recipe))
+    assert code == 0 and "Traceback" not in err and not marker.exists(), err
+    assert f"{step} done" in err, err  # made again, not taken from the damaged stamp
+    again = json.loads((prepared / "manifest.json").read_text())
+    if again == manifest:
+        assert load_split(prepared / "train.npz").digest() == ids.digest()
+        return
+    # SentencePiece trained again on several threads need not give the same bytes: then the run
+    # beside it no longer fits, and prepare says so (train refuses to resume it: test_integrity)
+    assert step == "spm" and {**again, "vocab": None, "tokens": None} == {**manifest, "vocab": None, "tokens": None}
+    assert "the data changed under the run" in " ".join(err.split()), err
+
+
+# --- results/*.hyp: the translations ``nmtkit run`` caches ---------------------------------------
+
+@pytest.mark.parametrize("how", MUTATIONS)
+def test_a_damaged_cached_translation_is_made_again(finished, tmp_path, monkeypatch, capsys, how):
+    work, recipe = copy_work(finished, tmp_path)
+    hyp, marker = work / "results" / "test.hyp", tmp_path / "ran"
+    intact = hyp.read_bytes()
+    scores = json.loads((work / "results" / "results.json").read_text())["splits"]["test"]
+    mutate(hyp, how, marker)
+    code, err = cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0 and "Traceback" not in err and not marker.exists(), err
+    assert "test: translated 6 sentences" in err and "dev: translations up to date" in err, err
+    assert hyp.read_bytes() == intact
+    again = json.loads((work / "results" / "results.json").read_text())["splits"]["test"]
+    assert {m: again[m] for m in ("bleu", "chrf", "ter")} == {m: scores[m] for m in ("bleu", "chrf", "ter")}
+
+
+# --- the recipe and the sweep file themselves ------------------------------------------------------
+
+@pytest.mark.parametrize("how", MUTATIONS)
+def test_a_damaged_recipe_or_sweep_file(finished, tmp_path, monkeypatch, capsys, how):
+    work, recipe = copy_work(finished, tmp_path)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"recipe": str(recipe), "workdir": str(tmp_path / "sweep"),
+                                     "variants": [{"name": "a"}, {"name": "b", "overrides": {"train.lr": 0.01}}]}))
+    marker = tmp_path / "ran"
+    mutate(recipe, how, marker)
+    code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe), "--dry-run")
+    assert_fine_or_one_line(code, err, marker)
+    assert code == 2 or how in ("truncated", "flipped")  # a cut or flip may leave a valid recipe
+    mutate(sweep, how, marker)
+    code, err = cli(monkeypatch, capsys, "-q", "sweep", str(sweep), "--dry-run")
+    assert_fine_or_one_line(code, err, marker)
+
+
+# --- lock files ---------------------------------------------------------------------------------
+
+def test_a_lock_that_is_a_link_is_refused_and_its_target_kept(finished, tmp_path, monkeypatch, capsys):
+    work, recipe = copy_work(finished, tmp_path)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes\n")
+    (work / ".lock").unlink(missing_ok=True)
+    (work / ".lock").symlink_to(mine)
+    code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=6")
+    assert_one_line(code, err, (2,), tmp_path / "ran")
+    assert f"{work / '.lock'}" in err and mine.read_text() == "my notes\n"
