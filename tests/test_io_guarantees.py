@@ -344,16 +344,14 @@ def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkey
     the bad line after two whole chunks and a part, and right after a whole chunk."""
     import io
 
-    import nmtkit.translation
     from nmtkit.cli import main
 
-    monkeypatch.setattr(nmtkit.translation, "CHUNK_LINES", 2)
     good = ["the cat sat", "", "a dog", "the red house", "on the mat"]
     for before in (5, 4):
         expected = run_cli("translate", "-m", str(model_dir), *FAST,
                            input="".join(line + "\n" for line in good[:before])).stdout.decode("utf-8")
         data = "".join(line + "\n" for line in good[:before]).encode("utf-8") + b"the \xff dog\nthe cat\n"
-        monkeypatch.setattr(sys, "argv", ["nmtkit", "translate", "-m", str(model_dir), *FAST])
+        monkeypatch.setattr(sys, "argv", ["nmtkit", "translate", "-m", str(model_dir), *FAST, "--chunk-lines", "2"])
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
         with pytest.raises(SystemExit) as stopped:
             main()
