@@ -352,6 +352,12 @@ def _terminate(signum, frame) -> None:
     raise _Terminated()
 
 
+def _one_line(message: str) -> str:
+    """An error message as one line: control characters from names the user gave (a path with a
+    newline or carriage return) are shown escaped (\\n, \\r, \\x8b), not written."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and an exit code."""
     from nmtkit.errors import NmtkitError, user_os_error
@@ -363,13 +369,13 @@ def main() -> None:
     except NmtkitError as err:
         if _state["debug"]:
             raise
-        print(f"nmtkit: error: {err}", file=sys.stderr)
+        print(f"nmtkit: error: {_one_line(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
     except OSError as err:
         known = None if _state["debug"] else user_os_error(err)  # a full disk, workdir=a file, ...
         if known is None:
             raise
-        print(f"nmtkit: error: {known[0]}", file=sys.stderr)
+        print(f"nmtkit: error: {_one_line(known[0])}", file=sys.stderr)
         sys.exit(known[1])
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)

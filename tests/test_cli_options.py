@@ -152,8 +152,9 @@ def check_outcome(code: int, err: str) -> None:
     if "Usage:" in err:
         assert code == 2, err
         return
-    errors = [line for line in err.splitlines() if line.startswith("nmtkit: error: ")]
+    errors = [line for line in err.split("\n") if line.startswith("nmtkit: error: ")]
     assert code in (1, 2) and len(errors) == 1 and err.rstrip("\n").endswith(errors[0]), err
+    assert errors[0].isprintable(), err  # no control character from a name breaks the line
 
 
 def run_command(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
@@ -235,3 +236,13 @@ def test_any_recipe_value_builds_the_model_or_is_one_line(setup, scratch, monkey
     code, err = run_command(monkeypatch, capsys, ["train", "--dry-run", str(setup["root"] / "recipe.yaml"),
                                                   f"{key}={value}"])
     check_outcome(code, err)
+
+
+def test_control_characters_in_a_name_stay_inside_the_one_error_line(setup, scratch, monkeypatch, capsys):
+    """Found by NMTKIT_FUZZ=30: a path holding a newline, a carriage return or a C1 control was
+    printed as it was, so the "one line" error spanned several."""
+    for argv in (["translate", "-m", "bad\nname\r\x8b"], ["score", "-r", "\r", "-i", "x\n"], ["info", "a\u2028b"]):
+        code, err = run_command(monkeypatch, capsys, argv)
+        check_outcome(code, err)
+        assert code == 2 and err.count("\n") == 1 and "\r" not in err and "\u2028" not in err, err
+    assert "bad\\nname\\r\\x8b" in run_command(monkeypatch, capsys, ["translate", "-m", "bad\nname\r\x8b"])[1]
