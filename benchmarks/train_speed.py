@@ -70,6 +70,16 @@ def steady_state(metrics_path: Path, skip: int) -> dict:
             "window_s": round(statistics.median(durations[skip:] or durations[-1:]), 2)}
 
 
+def timed_train(argv: list[str], scratch: Path, args, label: str) -> tuple[dict, dict, list[float]]:
+    """Run ``nmtkit train`` (``argv``) whose run directory is ``scratch``/train: the child's
+    record, the steady-state tokens/s of its metrics, and the load average before it."""
+    load_before = common.load_average()
+    done = common.run_child(argv, threads=args.threads)
+    if done["returncode"] != 0:
+        raise RuntimeError(f"nmtkit train failed ({label}):\n{done['stderr'][-3000:]}")
+    return done, steady_state(scratch / "train" / "metrics.jsonl", args.warmup_windows), load_before
+
+
 def mean_lengths(data: Path) -> tuple[float, float]:
     import numpy as np
 
@@ -88,11 +98,7 @@ def run_dtype(args, dtype: str, recipe: Path, meta: dict, overrides: Optional[di
         recipe_path = scratch / "bench.yaml"
         recipe_path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
         argv = [common.python(), "-m", "nmtkit", "-q", "train", str(recipe_path)]
-        load_before = common.load_average()
-        done = common.run_child(argv, threads=args.threads)
-        if done["returncode"] != 0:
-            raise RuntimeError(f"nmtkit train failed ({dtype}):\n{done['stderr'][-3000:]}")
-        result = steady_state(scratch / "train" / "metrics.jsonl", args.warmup_windows)
+        done, result, load_before = timed_train(argv, scratch, args, dtype)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return {"toolkit": "nmtkit", "dtype": dtype, "overrides": overrides or {}, "steps": args.steps,

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import common
-from train_speed import steady_state
+from train_speed import timed_train
 
 # name -> dotted overrides of the recipe (the first is the reference)
 VARIANTS: dict[str, list[str]] = {
@@ -57,11 +57,7 @@ def run_variant(args, name: str, overrides: list[str]) -> dict:
                     *overrides]
         counts = parameters(Path(args.recipe), settings, args.threads)
         argv = [common.python(), "-m", "nmtkit", "-q", "train", str(args.recipe), *settings]
-        load_before = common.load_average()
-        done = common.run_child(argv, threads=args.threads)
-        if done["returncode"] != 0:
-            raise RuntimeError(f"nmtkit train failed ({name}):\n{done['stderr'][-3000:]}")
-        result = steady_state(scratch / "train" / "metrics.jsonl", args.warmup_windows)
+        done, result, load_before = timed_train(argv, scratch, args, name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return {"variant": name, "overrides": " ".join(overrides) or "—", **counts, **result,
