@@ -1,8 +1,10 @@
 """How prepare and training grow with the corpus: synthetic corpora of given sizes, each prepared
 and trained for a few updates, with wall time, peak memory, CPU and disk per size.
 
-A synthetic pair joins 1-3 consecutive pairs of a prepared corpus's training text (seeded), so
-a 4.5M-pair corpus made from the 31k Bible verses has WMT-like sizes and lengths. Every size
+A synthetic pair joins 2-3 pairs of a prepared corpus's training text, each drawn at random
+(seeded), so a 4.5M-pair corpus made from the 31k Bible verses has WMT-like sizes and lengths and
+almost no duplicate pairs (joining 1-3 consecutive verses repeated each single verse ~50 times at
+4.5M pairs, and deduplication then left a fraction of the corpus to encode). Every size
 runs in a fresh work directory with the ``files`` source: ``nmtkit prepare`` then ``nmtkit
 train`` for ``--steps`` updates (dev validation included), each in a child process. Peak RSS is
 given for the command's own process and for its whole process tree (SentencePiece training and
@@ -28,16 +30,16 @@ import common
 
 
 def synthetic_corpus(text: Path, langs: tuple[str, str], pairs: int, out: Path, seed: int) -> dict:
-    """``pairs`` pairs of 1-3 consecutive training pairs of ``text`` into ``out``.{src,tgt} lang files."""
+    """``pairs`` pairs of 2-3 random training pairs of ``text`` into ``out``.{src,tgt} lang files."""
     sides = [(text / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in langs]
     rng = np.random.default_rng(seed)
     paths = [out / f"train.{lang}" for lang in langs]
     with open(paths[0], "w", encoding="utf-8") as src, open(paths[1], "w", encoding="utf-8") as tgt:
         for start in range(0, pairs, 100_000):
             count = min(100_000, pairs - start)
-            firsts, spans = rng.integers(0, len(sides[0]), count), rng.integers(1, 4, count)
-            for first, span in zip(firsts.tolist(), spans.tolist()):
-                rows = range(first, min(first + span, len(sides[0])))
+            rows_of = rng.integers(0, len(sides[0]), (count, 3))
+            for rows, span in zip(rows_of.tolist(), rng.integers(2, 4, count).tolist()):
+                rows = rows[:span]
                 src.write(" ".join(sides[0][i] for i in rows) + "\n")
                 tgt.write(" ".join(sides[1][i] for i in rows) + "\n")
     for split in ("dev", "test"):
