@@ -69,7 +69,7 @@ RANGES: dict[str, Bound] = {
     "data.clean.max_len": Bound(0, 1_000_000), "data.clean.max_ratio": Bound(0, 1000),
     "vocab.size": Bound(8, 1_000_000),  # the 4 specials plus a few pieces; SentencePiece's own ceiling is far above
     "vocab.character_coverage": Bound(0, 1, low_open=True),
-    "vocab.input_sentence_size": Bound(0, 10**9), "vocab.workers": Bound(0, 1024),
+    "vocab.input_sentence_size": Bound(0, 10**9), "vocab.input_bytes": Bound(0, 10**13), "vocab.workers": Bound(0, 1024),
     "model.d_model": WIDTH, "model.ffn_dim": Bound(1, 16 * MAX_DIM), "model.heads": Bound(1, 1024),
     "model.encoder_layers": Bound(1, 1000), "model.decoder_layers": Bound(1, 1000),
     "model.dropout": FRACTION, "model.attention_dropout": FRACTION, "model.activation_dropout": FRACTION,

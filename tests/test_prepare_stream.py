@@ -91,6 +91,31 @@ def test_sentencepiece_trains_on_a_uniform_sample_of_the_whole_corpus(recipe, tm
     assert chosen[-1] > len(lines) // 2 + 250  # from the target half too, not the first 250 lines
 
 
+def test_a_byte_cap_shrinks_the_sample_to_the_lines_that_hold_it(recipe, tmp_path, monkeypatch):
+    """vocab.input_bytes caps SentencePiece's sample by text size (its memory follows the text):
+    as many uniformly drawn lines as hold the cap at the corpus's mean line length, recorded in the
+    spm stamp; a cap that does not bind leaves the stamp as it was before the key existed."""
+    import json
+
+    seen = lines_given_to_sentencepiece(monkeypatch)
+    run(recipe)
+    out = tmp_path / "work" / "prepared"
+    stamp = json.loads((out / "stamps" / "spm.json").read_text())
+    assert "sample_lines" not in json.dumps(stamp) and len(seen) == 1
+    texts = [out / f"train.prefilter.{lang}" for lang in ("en", "es")]
+    lines = [line for path in texts for line in path.read_text().splitlines()]
+    size = sum(path.stat().st_size for path in texts)
+    cap = size // 3
+    run(recipe, f"vocab.input_bytes={cap}")
+    expected = int(cap * len(lines) / size)
+    assert 0 < expected < len(lines) and len(seen) == 2  # the cap binds: SentencePiece trained again
+    assert seen[1] == [lines[i] for i in sample_indices(len(lines), expected, prep.SAMPLE_SEED)]
+    assert abs(sum(len(line.encode()) + 1 for line in seen[1]) - cap) < 0.25 * cap  # a random ~100 of ~300 lines
+    assert json.loads((out / "stamps" / "spm.json").read_text())["key"] != stamp["key"]
+    run(recipe, f"vocab.input_bytes={size * 2}")  # no longer binding: the first stamp's key again
+    assert len(seen) == 3 and json.loads((out / "stamps" / "spm.json").read_text())["key"] == stamp["key"]
+
+
 def test_sample_indices_are_uniform_distinct_and_do_not_depend_on_the_block_size(monkeypatch):
     chosen = sample_indices(1000, 100, seed=3)
     assert len(set(chosen.tolist())) == 100 and chosen.tolist() == sorted(chosen.tolist()) and chosen.max() < 1000

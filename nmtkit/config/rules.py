@@ -138,7 +138,7 @@ def _check_data(data: DataConfig) -> None:
 def _check_reused_vocab(vocab: VocabConfig) -> None:
     """With vocab.from no SentencePiece model is trained: its training-only settings would be ignored."""
     defaults = VocabConfig()
-    for key in ("character_coverage", "input_sentence_size"):
+    for key in ("character_coverage", "input_sentence_size", "input_bytes"):
         if vocab.from_ and getattr(vocab, key) != getattr(defaults, key):
             raise ConfigError(f"vocab.{key} applies when SentencePiece is trained, but vocab.from reuses "
                               f"the model(s) of {vocab.from_}; remove it")

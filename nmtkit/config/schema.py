@@ -84,9 +84,11 @@ class VocabConfig:
     size: int = 8000
     joint: bool = True  # one shared model for both languages (enables full weight tying)
     character_coverage: float = 1.0
-    # SentencePiece trains on a seeded uniform sample of this many lines of the whole corpus (0: all);
-    # its memory grows with the sample (unigram on 2M lines: 6.6-9.5 GiB measured)
+    # SentencePiece trains on a seeded uniform sample of this many lines of the whole corpus (0: all),
+    # and of no more lines than hold `input_bytes` bytes at the corpus's mean line length (0: no cap):
+    # its memory grows with the sample's text, ~20 bytes a byte for unigram (README, Speed)
     input_sentence_size: int = 2_000_000
+    input_bytes: int = 150_000_000
     workers: int = 0  # encoding processes (0: one per CPU core)
     # reuse the SentencePiece model(s) of a model directory or a prepared directory instead of
     # training new ones (fine-tuning); type, size and joint must describe them (recipe key: vocab.from)

@@ -74,7 +74,7 @@ def prepare(cfg: Config, console) -> dict:
         save_config(cfg, WorkDir.of(cfg).config)  # left alone when unchanged
         status = {}
         fetch, status["fetch"] = run_step(out, "fetch", _fetch_inputs(cfg), lambda: _fetch(cfg, out, console))
-        spm, status["spm"] = run_step(out, "spm", _spm_inputs(cfg, fetch), lambda: _make_vocab(cfg, out, fetch, console))
+        spm, status["spm"] = run_step(out, "spm", _spm_inputs(cfg, fetch, out), lambda: _make_vocab(cfg, out, fetch, console))
         encoded, status["encode"] = run_step(out, "encode", _encode_inputs(cfg, fetch, spm),
                                              lambda: _encode(cfg, out, fetch, console))
         manifest = _manifest(cfg, fetch, spm, encoded)
@@ -155,18 +155,20 @@ def _write_corpus_tests(out: Path, data, tests: dict[str, list[Pair]]) -> dict[s
 
 
 def _write_pairs(out: Path, stem: str, data, pairs: Iterable[Pair]) -> dict[str, dict]:
-    """Write ``stem.src`` / ``stem.tgt`` line by line; returns line counts and sha256 per file."""
+    """Write ``stem.src`` / ``stem.tgt`` line by line; returns lines, bytes and sha256 per file."""
     names = [f"{stem}.{data.src_lang}", f"{stem}.{data.tgt_lang}"]
     digests = [hashlib.sha256(), hashlib.sha256()]
-    lines = 0
+    lines, sizes = 0, [0, 0]
     with atomic_open(out / names[0], "wb") as src_file, atomic_open(out / names[1], "wb") as tgt_file:
         for pair in pairs:
-            for handle, digest, text in zip((src_file, tgt_file), digests, pair):
+            for side, (handle, digest, text) in enumerate(zip((src_file, tgt_file), digests, pair)):
                 raw = (_LINE_BREAKS.sub(" ", text) + "\n").encode("utf-8", errors="replace")
                 handle.write(raw)
                 digest.update(raw)
+                sizes[side] += len(raw)
             lines += 1
-    return {name: {"lines": lines, "sha256": digest.hexdigest()} for name, digest in zip(names, digests)}
+    return {name: {"lines": lines, "bytes": size, "sha256": digest.hexdigest()}
+            for name, size, digest in zip(names, sizes, digests)}
 
 
 def _read_text(*paths: Path) -> Iterator[str]:
@@ -179,7 +181,7 @@ def _read_text(*paths: Path) -> Iterator[str]:
 
 # --- spm: SentencePiece on the fetched training text, or reused (vocab.from) ---------------------
 
-def _spm_inputs(cfg: Config, fetch: dict) -> dict:
+def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     vocab = cfg.vocab
     if vocab.from_:  # the reused models themselves, whatever text they were trained on
         models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
@@ -189,6 +191,9 @@ def _spm_inputs(cfg: Config, fetch: dict) -> dict:
         settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
                                                          "input_sentence_size")}
         train = {name: info["sha256"] for name, info in fetch["files"].items() if name.startswith("train.prefilter.")}
+        capped = _byte_capped_samples(cfg, fetch, out)
+        if capped:  # recorded only where the byte cap binds, so stamps of smaller corpora stay as they were
+            settings["sample_lines"] = capped
         inputs = {"format": FORMAT, "vocab": settings, "train": train}
     return {**inputs, "tags": cfg.data.tags} if cfg.data.tags else inputs  # reserved pieces of the source model
 
@@ -210,19 +215,41 @@ def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, lis
 
 def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
     vocab, data = cfg.vocab, cfg.data
-    texts = [out / f"train.prefilter.{data.src_lang}", out / f"train.prefilter.{data.tgt_lang}"]
-    src_name, tgt_name = spm_files(vocab.joint)
-    jobs = {src_name: texts} if vocab.joint else {src_name: texts[:1], tgt_name: texts[1:]}
-    for name, paths in jobs.items():
+    capped = _byte_capped_samples(cfg, fetch, out)
+    src_name = spm_files(vocab.joint)[0]
+    for name, texts in _spm_jobs(cfg).items():
         # a uniform sample of the whole corpus (not its first lines); only the sample is written for
         # SentencePiece, and a large one trains in a child process whose memory goes back before encoding
-        total = sum(fetch["files"][path.name]["lines"] for path in paths)
-        sample = sampled_lines(_read_text(*paths), total, vocab.input_sentence_size, SAMPLE_SEED)
-        large = min(total, vocab.input_sentence_size or total) >= Encoder.MIN_PARALLEL_LINES
+        total = sum(fetch["files"][text]["lines"] for text in texts)
+        lines = capped.get(name, vocab.input_sentence_size)
+        sample = sampled_lines(_read_text(*(out / text for text in texts)), total, lines, SAMPLE_SEED)
+        large = min(total, lines or total) >= Encoder.MIN_PARALLEL_LINES
         with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
             train_spm(sample, out / name, vocab.size, vocab.type, vocab.character_coverage,
-                      vocab.input_sentence_size, reserved=data.tags if name == src_name else (), in_subprocess=large)
-    return list(jobs)
+                      lines, reserved=data.tags if name == src_name else (), in_subprocess=large)
+    return list(_spm_jobs(cfg))
+
+
+def _spm_jobs(cfg: Config) -> dict[str, list[str]]:
+    """SentencePiece model file -> the fetched training texts it learns from."""
+    data = cfg.data
+    texts = [f"train.prefilter.{data.src_lang}", f"train.prefilter.{data.tgt_lang}"]
+    src_name, tgt_name = spm_files(cfg.vocab.joint)
+    return {src_name: texts} if cfg.vocab.joint else {src_name: texts[:1], tgt_name: texts[1:]}
+
+
+def _byte_capped_samples(cfg: Config, fetch: dict, out: Path) -> dict[str, int]:
+    """Models whose sample vocab.input_bytes cuts below vocab.input_sentence_size -> its lines:
+    as many as hold about input_bytes of text at the corpus's mean line length (SentencePiece's
+    memory follows the text it holds, not the line count)."""
+    vocab, capped = cfg.vocab, {}
+    for name, texts in _spm_jobs(cfg).items():
+        total = sum(fetch["files"][text]["lines"] for text in texts)
+        size = sum(fetch["files"][text].get("bytes") or (out / text).stat().st_size for text in texts)
+        lines = min(total, vocab.input_sentence_size or total)
+        if vocab.input_bytes and total and lines * size / total > vocab.input_bytes:
+            capped[name] = max(1, int(vocab.input_bytes * total / size))
+    return capped
 
 
 def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
