@@ -177,11 +177,12 @@ def make_translator(cfg: dict):
 
 
 def child(cfg: dict) -> None:
-    import torch
-
-    from nmtkit.allocator import keep_freed_memory
+    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
 
     keep_freed_memory()  # as the nmtkit CLI does
+    bound_onednn_cache()
+    import torch
+
     torch.set_num_threads(cfg["threads"])
     lines = Path(cfg["input"]).read_text(encoding="utf-8").splitlines()[:cfg["max_sentences"] or None]
     start = time.perf_counter()

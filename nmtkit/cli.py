@@ -77,9 +77,10 @@ def _main(
 ) -> None:
     _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
     _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
-    from nmtkit.allocator import keep_freed_memory
+    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
 
     keep_freed_memory()  # before the first large tensor: see allocator.py
+    bound_onednn_cache()  # before torch loads oneDNN (no command has imported it yet)
 
 
 def _console():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nmtkit.allocator import keep_freed_memory
+from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
 
 PROBE = """
 import resource, sys, torch
@@ -48,3 +48,32 @@ def test_large_blocks_are_reused_without_page_faults():
 def test_a_users_own_allocator_choice_is_left_alone(monkeypatch, variable):
     monkeypatch.setenv(*variable)
     assert keep_freed_memory() is False
+
+
+CLI_PROBE = """
+import atexit, os, sys
+atexit.register(lambda: print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), "torch" in sys.modules))
+sys.argv = ["nmtkit", "prepare", "--help"]
+from nmtkit.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("users_value, expected", [(None, "64"), ("1024", "1024")])
+def test_the_cli_bounds_onednns_cache_before_torch_loads_unless_the_user_chose(users_value, expected):
+    """The CLI process (whose environment its children inherit) has the bound, set before any
+    command imported torch; a capacity the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+                                                            "DNNL_PRIMITIVE_CACHE_CAPACITY")}
+    if users_value is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = users_value
+    done = subprocess.run([sys.executable, "-c", CLI_PROBE], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.splitlines()[-1] == f"{expected} False"
+
+
+def test_onednns_older_variable_name_counts_as_the_users_choice(monkeypatch):
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "placeholder")  # restored after the test
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    monkeypatch.setenv("DNNL_PRIMITIVE_CACHE_CAPACITY", "8")
+    assert bound_onednn_cache() is False
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
