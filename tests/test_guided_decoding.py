@@ -38,10 +38,10 @@ def assert_same(hyps, reference) -> None:
     assert [h.score for h in hyps] == pytest.approx([h.score for h in reference], rel=1e-6)
 
 
-def ranked(model, src, mask, row: int, keep) -> list[list[int]]:
-    """Every output up to MAX_LEN that ``keep`` accepts, best score first (brute force)."""
+def ranked(model, src, mask, row: int, keep, max_len: int = MAX_LEN) -> list[list[int]]:
+    """Every output up to ``max_len`` that ``keep`` accepts, best score first (brute force)."""
     one = (src[row:row + 1], mask[row:row + 1])
-    outputs = [y for y in all_outputs(PIECES, MAX_LEN) if keep(y)]
+    outputs = [y for y in all_outputs(PIECES, max_len) if keep(y)]
     return sorted(outputs, key=lambda y: -sequence_score(model, *one, y, EXACT["lenpen"]))
 
 
@@ -76,6 +76,23 @@ def test_constrained_beam_finds_the_best_output_that_meets_every_constraint(phra
         assert [h.tokens for h in out[0]] == ranked(model, src, mask, 0, meets)[:2]
         plain = beam_search(model, src, mask, WIDE, nbest=2, **EXACT)
         assert_same(out[1], plain[1])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("phrase", [[5, 5, 6], [4, 4, 1]])
+def test_a_self_overlapping_phrase_is_met_wherever_the_output_holds_it(phrase):
+    """Outputs of up to 4 pieces, searched exhaustively (a beam over all 4^3 live prefixes):
+    the n-best for a phrase that overlaps itself are all the outputs holding it, best first,
+    "5 5 5 6" for "5 5 6" among them (the phrase starts over from its second piece)."""
+    longer = {**EXACT, "max_len_b": 4}
+    for seed in range(2):
+        model = TinyModel(seed, vocab=7, sharpness=1.0).eval()
+        src, mask = random_batch(seed, batch=2, vocab=7, max_len=3)
+        best = ranked(model, src, mask, 0, lambda y: contains(y, phrase), max_len=4)
+        assert len(best) == 9 and phrase[:1] * 2 + phrase[1:] in best
+        out = beam_search(model, src, mask, 256, nbest=len(best), constraints=[[phrase], []], **longer)
+        assert [h.tokens for h in out[0]] == best
+        assert_same(out[1], beam_search(model, src, mask, 256, nbest=len(best), **longer)[1])
 
 
 @torch.no_grad()

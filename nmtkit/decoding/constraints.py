@@ -2,13 +2,22 @@
 
 A sentence's constraints are phrases of target pieces. Every hypothesis tracks which of
 those pieces it has met (``met``) and, while inside a phrase, the piece that must come next
-(``pending``); any other piece abandons the phrase (its pieces count as unmet again, and
-that piece may start another phrase). EOS is banned until every piece is met, and where
-another piece would leave more unmet pieces (those of an abandoned phrase included) than
-steps before the length limit, only pieces that advance a constraint are allowed. So when
-the limit leaves room for all the phrases at the start, every hypothesis can still meet
-them all at every step, and every output does (``beam_search`` returns hypotheses that
-missed one, when the limit was too short, only after any that met them all).
+(``pending``). Another piece keeps what it can of the phrase, as a string matcher does
+(Knuth-Morris-Pratt): the progress falls back to the longest prefix of the phrase that ends
+the output, that piece included (``a a b`` after ``a a`` and another ``a``: still ``a a``);
+the pieces beyond it count as unmet again. With no such prefix the phrase is abandoned and
+that piece may start another phrase. So a phrase met in the output text is counted, however
+it overlaps itself. One phrase is under way at a time: a piece that continues it does not
+also start another phrase. Each phrase position holds its fallback (``border``, the KMP
+failure link), so a step follows at most ``depth`` links for the whole batch at once.
+
+EOS is banned until every piece is met, and where another piece would leave more unmet pieces
+(those of an abandoned phrase included) than steps before the length limit, only pieces that
+leave few enough are allowed: one that advances a constraint, falls back far enough, or
+abandons the phrase for another. So when the limit leaves room for all the phrases at the
+start, every hypothesis can still meet them all at every step, and every output does
+(``beam_search`` returns hypotheses that missed one, when the limit was too short, only after
+any that met them all).
 
 Dynamic beam allocation (Post & Vilar 2018): a step's candidates are the usual best
 2 * beam extensions, plus every hypothesis's best piece and every piece that advances one of
@@ -45,26 +54,34 @@ class PhraseTable:
     real: Tensor  # [N, T] bool: a piece of some phrase
     first: Tensor  # [N, T] long: flat index of the first piece of the piece's phrase
     last: Tensor  # [N, T] long: flat index of the last piece of the piece's phrase
+    border: Tensor  # [N, T] long: the position to try when this one's piece does not come (KMP failure link)
+    depth: int = 1  # the most positions a chain of ``border`` links visits, over the batch
 
     @classmethod
     def build(cls, constraints: Sequence[Sequence[Sequence[int]]], device) -> "PhraseTable":
         """One row per sentence from its phrases (lists of piece ids; empty ones are skipped)."""
         width = max(1, max(sum(len(phrase) for phrase in phrases) for phrases in constraints))
         pieces = torch.full((len(constraints), width), PAD, dtype=torch.long)
-        first = torch.zeros(len(constraints), width, dtype=torch.long)
-        last = torch.zeros(len(constraints), width, dtype=torch.long)
+        first, last, border = (torch.zeros(len(constraints), width, dtype=torch.long) for _ in range(3))
+        depth = 1
         for row, phrases in enumerate(constraints):
             start = 0
-            for phrase in (p for p in phrases if len(p)):
+            for phrase in (list(p) for p in phrases if len(p)):
                 end = start + len(phrase)
-                pieces[row, start:end] = torch.as_tensor(list(phrase), dtype=torch.long)
+                pieces[row, start:end] = torch.as_tensor(phrase, dtype=torch.long)
                 first[row, start:end], last[row, start:end] = start, end - 1
+                links = failure_links(phrase)
+                border[row, start:end] = start + torch.as_tensor(links, dtype=torch.long)
+                chain = [1] * len(phrase)  # positions visited from each one down to the first piece
+                for k in range(1, len(phrase)):
+                    chain[k] = 1 + chain[links[k]]
+                depth = max(depth, max(chain))
                 start = end
         pieces = pieces.to(device)
-        return cls(pieces, pieces.ne(PAD), first.to(device), last.to(device))
+        return cls(pieces, pieces.ne(PAD), first.to(device), last.to(device), border.to(device), depth)
 
     def rows(self, index: Tensor) -> "PhraseTable":
-        return PhraseTable(*(getattr(self, f.name).index_select(0, index) for f in dataclasses.fields(self)))
+        return PhraseTable(*(getattr(self, name).index_select(0, index) for name in TABLE_FIELDS), depth=self.depth)
 
     def advancing(self, met: Tensor, pending: Tensor) -> Tensor:
         """[N, T] True on the pieces that advance a constraint: the pending piece inside a
@@ -73,19 +90,35 @@ class PhraseTable:
         starts = position.eq(self.first) & ~met
         return self.real & torch.where(pending.ge(0)[:, None], position.eq(pending[:, None]), starts)
 
+    def fallbacks(self, pending: Tensor) -> Tensor:
+        """[N, T] True, inside a phrase, on the positions its progress may go on from: the
+        pending one, then each prefix of the phrase that ends what is met of it (following
+        ``border`` down to the first piece). Taking the piece at one of them keeps the
+        pieces before it met."""
+        position = torch.arange(self.pieces.size(1), device=pending.device)
+        state = pending.clamp(min=0)[:, None]  # (N, 1)
+        chain = torch.zeros_like(self.real)
+        for _ in range(self.depth):
+            chain = chain | position.eq(state)
+            state = self.border.gather(1, state)
+        return chain & pending.ge(0)[:, None]
+
     def advance(self, met: Tensor, pending: Tensor, piece: Tensor) -> tuple[Tensor, Tensor]:
-        """(met [N, T], pending [N]) after each row takes ``piece`` [N]."""
+        """(met [N, T], pending [N]) after each row takes ``piece`` [N]: inside a phrase, the
+        furthest fallback position holding ``piece`` is met and those after it unmet again;
+        with none, the phrase is abandoned and ``piece`` may start another."""
         position = torch.arange(met.size(1), device=met.device)
         inside = pending.ge(0)
-        at = pending.clamp(min=0)[:, None]  # (N, 1)
-        continues = inside & self.pieces.gather(1, at).squeeze(1).eq(piece)
-        left = (inside & ~continues)[:, None] & position.ge(self.first.gather(1, at)) & position.lt(at)
-        met = (met & ~left) | (continues[:, None] & position.eq(at))
-        starts = ~continues[:, None] & self.real & position.eq(self.first) & ~met & self.pieces.eq(piece[:, None])
+        hits = self.fallbacks(pending) & self.pieces.eq(piece[:, None])
+        kept = torch.where(hits, position, -1).max(1).values  # -1: nothing of the phrase kept
+        phrase_start = self.first.gather(1, pending.clamp(min=0)[:, None])  # (N, 1)
+        lost = inside[:, None] & position.ge(phrase_start) & position.lt(pending[:, None]) & position.gt(kept[:, None])
+        met = (met & ~lost) | position.eq(kept[:, None])
+        starts = kept.lt(0)[:, None] & self.real & position.eq(self.first) & ~met & self.pieces.eq(piece[:, None])
         started = starts.any(1)
         start = starts.long().argmax(1)  # the first phrase this piece starts
         met = met | (started[:, None] & position.eq(start[:, None]))
-        reached = torch.where(continues, pending, torch.where(started, start, -1))  # the piece just met
+        reached = torch.where(kept.ge(0), kept, torch.where(started, start, -1))  # the piece just met
         end = self.last.gather(1, reached.clamp(min=0)[:, None]).squeeze(1)
         return met, torch.where(reached.ge(0) & reached.lt(end), reached + 1, -1)
 
@@ -94,17 +127,35 @@ class PhraseTable:
         return (self.real & ~met).sum(-1)
 
     def at_stake(self, pending: Tensor) -> Tensor:
-        """[N] pieces met of the phrase under way, which a piece other than ``pending`` unmeets."""
+        """[N] pieces met of the phrase under way, which the worst other piece unmeets."""
         first = self.first.gather(1, pending.clamp(min=0)[:, None]).squeeze(1)
         return torch.where(pending.ge(0), pending - first, 0)
 
-    def restarting(self, met: Tensor, pending: Tensor) -> Tensor:
-        """[N, T] True, inside a phrase, on the first pieces of the phrases that a piece other
-        than ``pending`` would leave unmet: it abandons the phrase under way and starts one."""
+    def affordable(self, met: Tensor, pending: Tensor, spare: Tensor) -> Tensor:
+        """[N, T] True, inside a phrase, on the pieces that unmeet at most ``spare`` [N] of it
+        and go on: a fallback position at most ``spare`` before the pending one, or, with
+        ``spare`` covering all it has met, the first piece of an unmet phrase (which a piece
+        that drops the phrase under way starts)."""
         position = torch.arange(met.size(1), device=met.device)
-        current = self.first.gather(1, pending.clamp(min=0)[:, None])  # (N, 1)
-        starts = self.real & position.eq(self.first) & (~met | position.eq(current))
-        return starts & pending.ge(0)[:, None]
+        near = self.fallbacks(pending) & position.ge((pending - spare)[:, None])
+        restart = self.real & position.eq(self.first) & ~met & spare.ge(self.at_stake(pending))[:, None]
+        return near | (restart & pending.ge(0)[:, None])
+
+
+TABLE_FIELDS = ("pieces", "real", "first", "last", "border")
+
+
+def failure_links(phrase: Sequence[int]) -> list[int]:
+    """For each k < len(phrase): the length of the longest proper prefix of ``phrase[:k]``
+    that also ends it (0 for k < 2), where a KMP matcher with k pieces matched falls back to."""
+    links, border = [0] * len(phrase), 0
+    for k in range(2, len(phrase)):
+        while border and phrase[border] != phrase[k - 1]:
+            border = links[border]
+        if phrase[border] == phrase[k - 1]:
+            border += 1
+        links[k] = border
+    return links
 
 
 def duplicates(keys: Tensor) -> Tensor:
@@ -153,15 +204,15 @@ class LexicalConstraints:
         waiting = unmet.gt(0) & left.gt(0)
         lprobs[:, EOS] = torch.where(waiting, NEG_INF, lprobs[:, EOS])
         # after this step, left - 1 steps remain for the unmet pieces: an advancing piece leaves
-        # unmet - 1, one that abandons the phrase under way for another unmet + stake - 1, any
-        # other unmet + stake; whatever would not fit is banned
+        # unmet - 1, one that falls back within the phrase under way unmet + (the pieces it
+        # unmeets) - 1, one that abandons it for another phrase unmet + stake - 1, any other
+        # unmet + stake; whatever would not fit is banned
         stake = table.at_stake(self.pending)
         hurry = waiting & (unmet + stake).ge(left)
         if not bool(hurry.any()):
             return lprobs
-        restart = table.restarting(self.met, self.pending) & (unmet + stake).le(left)[:, None]
-        useful = (table.advancing(self.met, self.pending) | restart).float()
-        useful = torch.zeros_like(lprobs).scatter_add(1, table.pieces, useful).gt(0)  # (rows, V)
+        useful = table.advancing(self.met, self.pending) | table.affordable(self.met, self.pending, left - unmet)
+        useful = torch.zeros_like(lprobs).scatter_add(1, table.pieces, useful.float()).gt(0)  # (rows, V)
         return lprobs.masked_fill(hurry[:, None] & ~useful, NEG_INF)
 
     def expand(self, scores: Tensor, lprobs: Tensor, top_scores: Tensor, origin: Tensor, piece: Tensor,
