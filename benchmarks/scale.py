@@ -128,6 +128,10 @@ def measure(size: int, args, langs: tuple[str, str]) -> dict:
         if result["returncode"]:
             break
     prepared = workdir / "work" / "prepared"
+    for step in ("fetch", "spm", "encode"):  # each step's wall time, from its stamp
+        stamp = prepared / "stamps" / f"{step}.json"
+        if stamp.is_file():
+            record[f"prepare_{step}_s"] = json.loads(stamp.read_text(encoding="utf-8")).get("seconds")
     if prepared.is_dir():
         record["prepared_mib"] = disk_mib(prepared)
         record["prepared_over_source"] = round(record["prepared_mib"] / max(record["source_mib"], 1e-9), 2)
@@ -138,7 +142,8 @@ def measure(size: int, args, langs: tuple[str, str]) -> dict:
 
 COLUMNS = [("pairs", "pairs"), ("source_mib", "source MiB"), ("prepare_wall_s", "prepare s"),
            ("prepare_peak_rss_mib", "prepare RSS MiB"), ("prepare_tree_peak_rss_mib", "prepare tree RSS MiB"),
-           ("prepare_cpu_cores", "prepare cores"), ("prepared_mib", "prepared MiB"),
+           ("prepare_cpu_cores", "prepare cores"),
+           ("prepare_fetch_s", "fetch s"), ("prepare_spm_s", "spm s"), ("prepare_encode_s", "encode s"), ("prepared_mib", "prepared MiB"),
            ("prepared_over_source", "prepared / source"), ("train_wall_s", "train s"),
            ("train_peak_rss_mib", "train RSS MiB")]
 

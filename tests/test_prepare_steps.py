@@ -136,8 +136,13 @@ def test_separate_vocabularies_replace_the_joint_one(recipe, tmp_path):
 
 
 def test_rerun_does_no_work(recipe, tmp_path, monkeypatch):
+    import json
+
     run(recipe)
     before = snapshot(tmp_path / "work")
+    for step in ("fetch", "spm", "encode"):  # each step's wall time is kept for benchmarks/scale.py
+        seconds = json.loads((tmp_path / "work" / "prepared" / "stamps" / f"{step}.json").read_text())["seconds"]
+        assert isinstance(seconds, float) and 0 <= seconds < 60
     calls = []
     for name in ("CorpusStream", "train_spm", "length_filter"):  # reading the source(s), SentencePiece, encoding
         monkeypatch.setattr(prep, name, lambda *a, _name=name, **k: calls.append(_name))

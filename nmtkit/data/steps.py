@@ -1,7 +1,8 @@
 """Steps that run only when what they depend on changed (the engine behind ``nmtkit prepare``).
 
 A step's inputs are hashed into a key; its stamp, DIR/stamps/NAME.json, keeps the key, the
-size and mtime of every output and the step's report. A step is skipped when the key matches
+size and mtime of every output, the step's report and its wall time (``seconds``, for people
+and benchmarks/scale.py; never compared). A step is skipped when the key matches
 and no output was touched; otherwise its stamp (and DIR's checksums.json) is removed before
 the step touches its outputs and written after they are complete, so an interrupted step is
 redone. A stamp carries a sha256 of its content: a damaged one makes its step run again. The caller holds DIR's lock (``nmtkit.files.exclusive``).
@@ -12,6 +13,7 @@ import hashlib
 import itertools
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -33,9 +35,10 @@ def run_step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, 
         return stamp["report"], "up to date"
     stamp_path.unlink(missing_ok=True)  # outputs are about to change: no stamp until they are complete,
     (out / MANIFEST).unlink(missing_ok=True)  # and no checksums (rewritten at the end)
+    start = time.perf_counter()
     report, outputs = work()
     stamp = {"key": key, "inputs": inputs, "outputs": {file: _file_state(out / file) for file in outputs},
-             "report": report}
+             "report": report, "seconds": round(time.perf_counter() - start, 1)}
     stamp["sha256"] = _stamp_digest(stamp)
     atomic_write_text(stamp_path, json.dumps(stamp, indent=1, ensure_ascii=False) + "\n")
     return report, "done"
