@@ -29,12 +29,25 @@ import numpy as np
 import common
 
 
-def synthetic_corpus(text: Path, langs: tuple[str, str], pairs: int, out: Path, seed: int) -> dict:
-    """``pairs`` pairs of 2-3 random training pairs of ``text`` into ``out``.{src,tgt} lang files."""
-    sides = [(text / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in langs]
+def synthetic_corpus(text: Path, langs: tuple[str, str], pairs: int, out: Path, seed: int,
+                     dev_pairs: int = 0) -> dict:
+    """``pairs`` pairs of 2-3 random training pairs of ``text`` into ``out``.{src,tgt} lang files;
+    dev and test are ``text``'s own, or with ``dev_pairs`` a dev set of that many joins of its dev
+    pairs (WMT's newstest dev sets hold ~3,000 pairs; the dev-loss pass's memory grows with it)."""
     rng = np.random.default_rng(seed)
-    paths = [out / f"train.{lang}" for lang in langs]
-    with open(paths[0], "w", encoding="utf-8") as src, open(paths[1], "w", encoding="utf-8") as tgt:
+    _write_joins(text, "train", langs, pairs, out, rng)
+    if dev_pairs:
+        _write_joins(text, "dev", langs, dev_pairs, out, rng)
+    for split in ("dev", "test")[1 if dev_pairs else 0:]:
+        for lang in langs:
+            shutil.copyfile(text / f"{split}.{lang}", out / f"{split}.{lang}")
+    return {split: {lang: str(out / f"{split}.{lang}") for lang in langs} for split in ("train", "dev", "test")}
+
+
+def _write_joins(text: Path, split: str, langs: tuple[str, str], pairs: int, out: Path, rng) -> None:
+    sides = [(text / f"{split}.{lang}").read_text(encoding="utf-8").splitlines() for lang in langs]
+    with open(out / f"{split}.{langs[0]}", "w", encoding="utf-8") as src, \
+            open(out / f"{split}.{langs[1]}", "w", encoding="utf-8") as tgt:
         for start in range(0, pairs, 100_000):
             count = min(100_000, pairs - start)
             rows_of = rng.integers(0, len(sides[0]), (count, 3))
@@ -42,10 +55,6 @@ def synthetic_corpus(text: Path, langs: tuple[str, str], pairs: int, out: Path, 
                 rows = rows[:span]
                 src.write(" ".join(sides[0][i] for i in rows) + "\n")
                 tgt.write(" ".join(sides[1][i] for i in rows) + "\n")
-    for split in ("dev", "test"):
-        for lang in langs:
-            shutil.copyfile(text / f"{split}.{lang}", out / f"{split}.{lang}")
-    return {split: {lang: str(out / f"{split}.{lang}") for lang in langs} for split in ("train", "dev", "test")}
 
 
 def tree_rss_mib(pid: int) -> float:
@@ -117,7 +126,7 @@ def measure(size: int, args, langs: tuple[str, str]) -> dict:
     shutil.rmtree(workdir, ignore_errors=True)
     corpus = workdir / "corpus"
     corpus.mkdir(parents=True)
-    files = synthetic_corpus(Path(args.text), langs, size, corpus, args.seed)
+    files = synthetic_corpus(Path(args.text), langs, size, corpus, args.seed, args.dev_pairs)
     recipe = workdir / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(recipe_for(Path(args.recipe), workdir / "work", files, langs, args)),
                       encoding="utf-8")
@@ -162,6 +171,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--vocab-type", default=None, help="vocab.type (default: the recipe's)")
     parser.add_argument("--vocab-size", type=int, default=None, help="vocab.size (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dev-pairs", type=int, default=0,
+                        help="a dev set of this many joined dev pairs (default: --text's dev set as it is)")
     parser.add_argument("--work", default=str(common.REPO / "benchmarks" / "out" / "scale-work"),
                         help="scratch space: corpora and work directories (deleted after each size)")
     parser.add_argument("--keep", action="store_true", help="keep each size's corpus and work directory")

@@ -143,4 +143,8 @@ def test_scale_corpus_joins_two_or_three_random_pairs(tmp_path):
         assert target == " ".join(f"s{i}" for i in numbers) and all(0 <= i < 100 for i in numbers)
         spans.add(len(numbers))
     assert spans == {2, 3}
+    scale.synthetic_corpus(text, ("en", "es"), 5, out, seed=0, dev_pairs=30)  # a larger dev set of joins
+    dev = [(s, t) for s, t in zip(*((out / f"dev.{lang}").read_text().splitlines() for lang in ("en", "es")))]
+    assert len(dev) == 30 and all(t == s.replace("e", "s") and len(s.split()) in (2, 3) for s, t in dev)
+    assert (out / "test.en").read_text() == (text / "test.en").read_text()
     assert len(set(src)) >= 245  # of ~10^6 possible joins, 250 draws almost never repeat
