@@ -1,7 +1,8 @@
 """A model card: what a model directory is and how it was made, as one JSON-ready dict.
 
-From the model directory alone: architecture and dims, parameters, vocabularies, languages,
-the step it was saved at and the dev scores it was saved with. When it sits in a training
+From the model directory alone: architecture and dims, parameters, vocabularies, languages
+(a multilingual model's target languages too), the step it was saved at and the dev scores
+it was saved with. When it sits in a training
 run (RUN_DIR/best, RUN_DIR/averaged, RUN_DIR/checkpoints/step_N), also: the recipe
 (RUN_DIR/config.yaml), the run's steps, time and best dev scores (RUN_DIR/metrics.jsonl),
 and the data (WORKDIR/prepared/manifest.json). A CTranslate2 export (``nmtkit export``)
@@ -155,15 +156,18 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
     from nmtkit.modeldir import saved_decode
 
     spm = meta.get("spm", {})
+    src_vocab = Vocab(model_dir / spm["src"])
     return {
         "model_dir": str(model_dir),
         "architecture": architecture(meta["model"]),
         "parameters": meta.get("parameters"),
         # per token; model directories from before MoE layers existed are dense: all are active
         "active_parameters": meta.get("active_parameters", meta.get("parameters")),
-        "vocabulary": {"source": len(Vocab(model_dir / spm["src"])), "target": len(Vocab(model_dir / spm["tgt"])),
+        "vocabulary": {"source": len(src_vocab), "target": len(Vocab(model_dir / spm["tgt"])),
                        "joint": spm["src"] == spm["tgt"]},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
+        # a multilingual model: what translate --target-lang (serve's target_lang) may name; [] for one direction
+        "target_languages": src_vocab.target_languages(),
         "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
         # a fine-tuned model: the model directory its training started from (training/init_from.py)
         **({"init_from": meta["init_from"]} if isinstance(meta.get("init_from"), dict) else {}),
@@ -220,6 +224,8 @@ def print_card(card: dict, file=None) -> None:
     table.add_row("vocabulary", f"{vocab['source']:,} joint" if vocab["joint"]
                   else f"{vocab['source']:,} source / {vocab['target']:,} target")
     table.add_row("languages", f"{languages['source']} -> {languages['target']}")
+    if card.get("target_languages"):
+        table.add_row("target languages", f"{', '.join(card['target_languages'])} (--target-lang)")
     decode = card["decode"]
     table.add_row("decode", f"beam {decode['beam_size']}, lenpen {decode['lenpen']}, length <= "
                   f"{decode['max_len_a']} x source + {decode['max_len_b']}, min {decode['min_len']}, "

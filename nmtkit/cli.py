@@ -186,6 +186,9 @@ def serve(
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
     max_line_chars: int = typer.Option(_LIMITS.max_line_chars, "--max-line-chars", help="Longest text in characters (413 above)."),
     max_beam: int = typer.Option(_LIMITS.max_beam, "--max-beam", help="Largest beam_size and nbest a request may ask for."),
+    target_lang: str = typer.Option(opts.DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
+                                    help="A multilingual model: the language to translate into when a request "
+                                         "gives no target_lang (as translate --target-lang)."),
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health, GET /info (needs the serve extra)."""
     from nmtkit.serving import require_http_stack
@@ -195,7 +198,8 @@ def serve(
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
                     max_beam=max_beam)
-    options = TranslateOptions(engine=engine, device=device, dtype=dtype, batch_tokens=batch_tokens)
+    options = TranslateOptions(engine=engine, device=device, dtype=dtype, batch_tokens=batch_tokens,
+                               target_lang=target_lang)
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
                verbose=_state["verbosity"] > 0)
 

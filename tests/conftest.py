@@ -146,6 +146,26 @@ def fit_tiny(cfg, spm: Path, out_dir: Path, pairs: list[tuple[str, str]], label_
     return save_model_dir(net.eval(), cfg, out_dir, spm, spm, meta)
 
 
+def sequences(n: int, seed: int, length: int = 5) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(SYMBOLS) for _ in range(length)) for _ in range(n)]
+
+
+def tagged_model(tmp_path: Path, steps: int = 400) -> Path:
+    """A tiny multilingual model trained on reversal (tag <2r>) and copying (tag <2c>) of the
+    same inputs, saved as ``tmp_path``/model."""
+    from nmtkit.config import ModelConfig
+    from nmtkit.data.vocab import train_spm
+
+    spm = tmp_path / "spm.model"
+    train_spm(sequences(200, 0), spm, vocab_size=20, reserved=["<2r>", "<2c>"])
+    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                      max_positions=32)
+    pairs = [(f"<2r> {s}", " ".join(s.split()[::-1])) if i % 2 else (f"<2c> {s}", s)
+             for i, s in enumerate(sequences(steps * 16, 4, length=4))]
+    return fit_tiny(cfg, spm, tmp_path / "model", pairs)
+
+
 def cli_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """``nmtkit ARGS`` in this process, through ``nmtkit.cli.main`` (no interpreter start-up):
     (exit code, stdout, stderr)."""

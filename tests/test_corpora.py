@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import io
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import SYMBOLS, cli_in_process, fit_tiny, tiny_recipe
+from conftest import cli_in_process, sequences, tagged_model, tiny_recipe
 from nmtkit.config import from_dict, load_config
 from nmtkit.console import NmtConsole
 from nmtkit.errors import ConfigError
@@ -80,11 +79,6 @@ def write_pairs(root: Path, name: str, pairs: list[tuple[str, str]]) -> dict:
         paths[lang] = root / f"{name}.{lang}"
         paths[lang].write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
     return {lang: str(path) for lang, path in paths.items()}
-
-
-def sequences(n: int, seed: int, length: int = 5) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(SYMBOLS) for _ in range(length)) for _ in range(n)]
 
 
 def two_corpora(root: Path, weights=(1.0, 1.0)) -> dict:
@@ -209,20 +203,6 @@ def test_a_split_and_a_recipe_with_other_corpora_are_refused(prepared):
 
 # --- multilingual: --target-lang ---------------------------------------------------------------
 
-def tagged_model(tmp_path: Path, steps: int = 400) -> Path:
-    """A tiny model trained on reversal (tag <2r>) and copying (tag <2c>) of the same inputs."""
-    from nmtkit.config import ModelConfig
-    from nmtkit.data.vocab import train_spm
-
-    spm = tmp_path / "spm.model"
-    train_spm(sequences(200, 0), spm, vocab_size=20, reserved=["<2r>", "<2c>"])
-    cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0,
-                      max_positions=32)
-    pairs = [(f"<2r> {s}", " ".join(s.split()[::-1])) if i % 2 else (f"<2c> {s}", s)
-             for i, s in enumerate(sequences(steps * 16, 4, length=4))]
-    return fit_tiny(cfg, spm, tmp_path / "model", pairs)
-
-
 def test_target_lang_selects_the_direction(tmp_path):
     from nmtkit.decoding.options import TranslateOptions
     from nmtkit.decoding.translate import translate_lines
@@ -248,7 +228,7 @@ def test_target_lang_errors_name_the_model_tags(tmp_path, reversal_spm, monkeypa
     code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(text), "--target-lang", "fr")
     assert code == 2 and out == ""
     assert err == ("nmtkit: error: --target-lang fr: the model has no target-language tag <2fr> "
-                                   "(its tags: <2r>, <2c>)\n")
+                                   "(its target languages: r, c)\n")
     plain = train_tiny(reversal_spm, tmp_path / "plain", steps=1)
     from nmtkit.decoding.options import TranslateOptions
     from nmtkit.decoding.translate import translate_lines

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import reversal_pairs, run_cli, train_tiny
+from conftest import cli_in_process, reversal_pairs, run_cli, sequences, tagged_model, train_tiny
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.translation import open_engine
@@ -101,21 +101,27 @@ def test_concurrent_requests_share_batches_and_never_mix(model_dir):
         check_concurrent_requests(client, model_dir)
 
 
-def check_concurrent_requests(client, model_dir) -> None:
-    before = client.get("/health").json()
-    jobs = [sources(1 + k % 4, 100 + k) for k in range(8)]
-    answers: list = [None] * len(jobs)
-    start = threading.Barrier(len(jobs))
+def concurrently(client, bodies: list[dict]) -> list:
+    """The answers to POST /translate of every body, all sent at once from threads of their own."""
+    answers: list = [None] * len(bodies)
+    start = threading.Barrier(len(bodies))
 
     def ask(k: int) -> None:
         start.wait()
-        answers[k] = client.post("/translate", json={"texts": jobs[k]})
+        answers[k] = client.post("/translate", json=bodies[k])
 
-    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(jobs))]
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(bodies))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return answers
+
+
+def check_concurrent_requests(client, model_dir) -> None:
+    before = client.get("/health").json()
+    jobs = [sources(1 + k % 4, 100 + k) for k in range(8)]
+    answers = concurrently(client, [{"texts": job} for job in jobs])
     everything = expected([str(model_dir)], [line for job in jobs for line in job])
     start_line = 0
     for job, answer in zip(jobs, answers):
@@ -128,6 +134,49 @@ def check_concurrent_requests(client, model_dir) -> None:
     assert after["batches"] - before["batches"] < len(jobs)  # some requests shared a model call
     assert after["largest_batch_requests"] >= 2
 
+
+
+@pytest.fixture(scope="module")
+def tagged_dir(tmp_path_factory) -> Path:
+    """A multilingual model: <2r> reverses, <2c> copies (tests/conftest.py)."""
+    return tagged_model(tmp_path_factory.mktemp("tagged"), steps=250)
+
+
+def test_requests_for_different_target_languages_never_mix(tagged_dir):
+    """Requests for r and c (and one with the server's --target-lang c) arriving in one
+    window: each language gets one model call of its own, and every answer is translate
+    --target-lang's for its language."""
+    lines, model = sequences(6, 31, length=4), [str(tagged_dir)]
+    languages = ["r", "c", "r", None]  # None: the server's default
+    with start_app(model, TranslateOptions(**CPU, target_lang="c"), window_s=1.0) as client:
+        before = client.get("/health").json()
+        answers = concurrently(client, [{"texts": lines, **({"target_lang": lang} if lang else {})}
+                                        for lang in languages])
+        after = client.get("/health").json()
+        card = client.get("/info").json()
+        table = client.get("/info", params={"format": "text"}).text
+        refused = client.post("/translate", json={"texts": lines, "target_lang": "fr"})
+    reference = {lang: expected(model, lines, target_lang=lang) for lang in ("r", "c")}
+    assert sum(r != c for r, c in zip(reference["r"], reference["c"])) >= 4  # the language decides (6 of 6)
+    for lang, answer in zip(languages, answers):
+        assert answer.status_code == 200 and answer.json()["translations"] == reference[lang or "c"]
+    assert after["requests"] - before["requests"] == 4
+    assert after["batches"] - before["batches"] == 2 and after["largest_batch_requests"] == 2
+    assert card["target_languages"] == ["r", "c"] and card["serving"]["defaults"]["target_lang"] == "c"
+    assert re.search(r"target languages\s+│\s+r, c \(--target-lang\)", table), table
+    assert refused.status_code == 400 and refused.json() == {
+        "error": "target_lang fr: the model has no target-language tag <2fr> (its target languages: r, c)"}
+
+
+def test_serve_refuses_a_target_lang_the_model_lacks_like_translate(tagged_dir, model_dir, monkeypatch, capsys):
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(tagged_dir), "--port", "0",
+                                  "--target-lang", "fr")
+    assert (code, err) == (2, "nmtkit: error: --target-lang fr: the model has no target-language tag <2fr> "
+                              "(its target languages: r, c)\n")
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(model_dir), "--port", "0",
+                                  "--target-lang", "es")
+    assert (code, err) == (2, "nmtkit: error: --target-lang es: the model has no target-language tag <2es> "
+                              "(it has none: a model of one direction)\n")
 
 MALFORMED = {
     "not JSON": (b'{"texts": ["a b"', 400, "not JSON"),
@@ -161,6 +210,13 @@ MALFORMED = {
                                  "a list of strings per text"),
     "an empty phrase": (json.dumps({"texts": ["a"], "constraints": [[" "]]}).encode(), 400, "empty phrase"),
     "too many phrases": (json.dumps({"texts": ["a"], "constraints": [["a"] * 33]}).encode(), 413, "at most 32"),
+    "target_lang not a string": (json.dumps({"texts": ["a"], "target_lang": 3}).encode(), 400,
+                                 'target_lang must be a string such as "es"'),
+    "target_lang not a language": (json.dumps({"texts": ["a"], "target_lang": "e s"}).encode(), 400,
+                                   "target_lang must be a language code such as es or pt_BR, not 'e s'"),
+    "target_lang of a one-direction model": (json.dumps({"texts": ["a"], "target_lang": "es"}).encode(), 400,
+                                             "target_lang es: the model has no target-language tag <2es> "
+                                             "(it has none: a model of one direction)"),
 }
 
 
@@ -189,6 +245,7 @@ def test_info_is_the_model_card_as_json_or_text(client, model_dir):
     serving = card.pop("serving")
     assert card == json.loads(json.dumps(model_card(model_dir)))
     assert serving["engine"] == "torch" and serving["limits"]["max_lines"] == 6
+    assert card["target_languages"] == [] and serving["defaults"]["target_lang"] == ""
     text = client.get("/info", params={"format": "text"})
     assert text.headers["content-type"].startswith("text/plain")
     assert "model card" in text.text and "transformer: d 32" in text.text and "serving engine: torch" in text.text

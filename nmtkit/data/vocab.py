@@ -74,6 +74,10 @@ class Vocab:
         pieces = (self.sp.IdToPiece(i) for i in range(len(self)))
         return [piece for piece in pieces if TARGET_TAG.fullmatch(piece) and self.is_reserved(piece)]
 
+    def target_languages(self) -> list[str]:
+        """What ``--target-lang`` may name for this model: es for <2es>, ..., in id order."""
+        return [tag[2:-1] for tag in self.target_tags()]
+
     def surfaces(self, ids: Iterable[int], unknown: str = "") -> list[str]:
         """The text each piece adds, for finding the whitespace word it belongs to: its piece
         with "\u2581" as a space; a byte piece one placeholder character; an unknown piece

@@ -22,6 +22,13 @@ LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the 
 ALIGNMENT_UNITS = ("words", "pieces")  # what the i and j of --alignments count
 
 
+def language_problem(lang: str, name: str = "--target-lang") -> str:
+    """Why ``lang`` (given as ``name``) cannot name a target-language tag; "" when it can, or is ""."""
+    if lang and not LANGUAGE.fullmatch(lang):
+        return f"{name} must be a language code such as es or pt_BR, not {lang!r}"
+    return ""
+
+
 @dataclass
 class TranslateOptions(DecodeConfig):
     """``DecodeConfig`` (beam_size, lenpen, max_len_a/b, min_len, batch_tokens) plus the settings
@@ -64,8 +71,8 @@ class TranslateOptions(DecodeConfig):
             problems.append(f"--alignment-units must be words or pieces, not {self.alignment_units!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
             problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
-        if self.target_lang and not LANGUAGE.fullmatch(self.target_lang):
-            problems.append(f"--target-lang must be a language code such as es or pt_BR, not {self.target_lang!r}")
+        if language_problem(self.target_lang):
+            problems.append(language_problem(self.target_lang))
         for name, key in NUMERIC_OPTIONS.items():  # the recipe's ranges (nmtkit/limits.py), named as flags
             problem = range_problem(key, getattr(self, name), "--" + name.replace("_", "-"))
             if problem:

@@ -37,7 +37,7 @@ class Translator:
         self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
         self.max_positions = engine.max_positions  # longer inputs are truncated
         self.truncated = 0
-        self.tag = _target_tag(self.src_vocab, options.target_lang)  # "" unless --target-lang
+        self.tag = target_tag_for(self.src_vocab, options.target_lang)  # "" unless --target-lang
 
     def translate(self, lines: Sequence[str], first_index: int = 0,
                   progress: Optional[Callable[[int], None]] = None,
@@ -134,16 +134,18 @@ def batch_targets(targets: Optional[tuple[list, list]], positions: list[int]) ->
     return found
 
 
-def _target_tag(src_vocab, lang: str) -> str:
+def target_tag_for(src_vocab, lang: str, name: str = "--target-lang") -> str:
     """The tag that asks a multilingual model for ``lang`` (<2es>), which its source vocabulary
-    must hold as a reserved piece, as training put it there; "" for no language."""
+    must hold as a reserved piece, as training put it there; "" for no language. Otherwise a
+    ConfigError naming the languages it has, ``lang`` given as ``name`` (a flag, a JSON field)."""
     if not lang:
         return ""
     tag = target_tag(lang)
     if not src_vocab.is_reserved(tag):
-        tags = src_vocab.target_tags()
-        known = f"its tags: {', '.join(tags)}" if tags else "it has none: a model of one direction"
-        raise ConfigError(f"--target-lang {lang}: the model has no target-language tag {tag} ({known})")
+        languages = src_vocab.target_languages()
+        known = f"its target languages: {', '.join(languages)}" if languages else \
+            "it has none: a model of one direction"
+        raise ConfigError(f"{name} {lang}: the model has no target-language tag {tag} ({known})")
     return tag
 
 

@@ -2,9 +2,10 @@
 to the batcher, and ``serve`` that loads the model and runs it under uvicorn.
 
     POST /translate   {"texts": [...], "beam_size": 4, "scores": true, ...}  -> {"translations": [...], ...}
-                      (optional "prefixes": a string per text, "constraints": a list of phrases per text)
+                      (optional "prefixes": a string per text, "constraints": a list of phrases per text,
+                      "target_lang": a multilingual model's language to translate into)
     GET  /health      status and counters (requests, lines, batches, queued)
-    GET  /info        the model card of ``nmtkit info`` (?format=text for the table)
+    GET  /info        the model card of ``nmtkit info`` (its "target_languages" too; ?format=text for the table)
 
 Every refusal is a JSON object ``{"error": "..."}`` with a 4xx status; a failed translation
 is a 500 and the server goes on. SIGTERM (or Ctrl-C) stops accepting connections, answers
@@ -26,10 +27,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from nmtkit.errors import NmtkitError
+from nmtkit.decoding.translate import target_tag_for
+from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.limits import check_range
 from nmtkit.serving.batcher import Batcher
-from nmtkit.serving.requests import Limits, RequestError, parse_request
+from nmtkit.serving.requests import LANGUAGE_FIELD, Limits, RequestError, parse_request
 
 
 def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits) -> Starlette:
@@ -47,6 +49,10 @@ def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits) -> Starle
         constrained = parsed.guides is not None and any(guide.constraints for guide in parsed.guides)
         if constrained and not batcher.engine.constrained_search:
             raise RequestError(400, "constraints need the torch engine: CTranslate2 has no lexically constrained search")
+        try:  # the model must have the language's tag, as for translate --target-lang
+            target_tag_for(batcher.engine.src_vocab, parsed.decode.get(LANGUAGE_FIELD, ""), LANGUAGE_FIELD)
+        except ConfigError as err:
+            raise RequestError(400, str(err)) from None
         return JSONResponse(await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides)))
 
     async def health(request: Request) -> Response:
@@ -114,7 +120,7 @@ def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: 
 
     card = model_card(model_dirs[0])
     defaults = {f: getattr(options, f) for f in ("beam_size", "nbest", "lenpen", "max_len_a", "max_len_b",
-                                                 "min_len", "scores", "alignments")}
+                                                 "min_len", "scores", "alignments", "target_lang")}
     card["serving"] = {"engine": resolve_engine(model_dirs, options.engine), "models": [str(m) for m in model_dirs], "device": options.device,
                        "dtype": options.dtype, "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
                        "limits": dataclasses.asdict(limits), "defaults": defaults}
@@ -148,6 +154,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
     sock = bind(host, port)
     try:
         engine = open_engine(model_dirs, options)
+        target_tag_for(engine.src_vocab, options.target_lang)  # a --target-lang it lacks: refused, as by translate
         console.detail(f"translating {engine.description}")
         card = serving_card(model_dirs, options, limits, window_ms)
         sock.listen(2048)  # from here connections wait in the backlog until uvicorn accepts them

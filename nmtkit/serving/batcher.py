@@ -2,10 +2,10 @@
 
 The worker takes the first waiting request, then keeps collecting for a short window
 after that request arrived (no wait at all when requests are already queued behind a busy
-model) until the token budget is spent. Requests with the same decode settings become one
-``Translator.hypotheses`` call (the engine under those settings: ``engine.with_options``);
-each request gets back exactly its own lines, in order. Only the worker touches the model,
-so a torch model never runs two calls at once.
+model) until the token budget is spent. Requests with the same decode settings (target
+language included: one tag per call) become one ``Translator.hypotheses`` call (the engine
+under those settings: ``engine.with_options``); each request gets back exactly its own lines,
+in order. Only the worker touches the model, so a torch model never runs two calls at once.
 """
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ class Batcher:
         self._thread.start()
 
     def submit(self, texts: list[str], decode: dict[str, Any], guides: Optional[list[Guide]] = None) -> Future:
+        # a setting equal to the server's own changes nothing: such requests share batches with those without it
+        decode = {name: value for name, value in decode.items() if value != getattr(self.base, name)}
         job = Job(texts, decode, guides)
         self._queue.put(job)
         return job.future
@@ -131,18 +133,18 @@ class Batcher:
             for job in group:
                 job.future.set_exception(err)
             return
+        with self._lock:  # counted before any answer leaves, so a client's next /health includes its request
+            self._stats["truncated_lines"] += translator.truncated
+            self._stats["requests"] += len(group)
+            self._stats["lines"] += len(texts)
+            self._stats["batches"] += 1
+            self._stats["largest_batch_requests"] = max(self._stats["largest_batch_requests"], len(group))
         start = 0
         for job in group:
             end = start + len(job.texts)
             prefixes = [guide.prefix for guide in guides[start:end]]
             job.future.set_result(answer(translator, sources[start:end], hypotheses[start:end], prefixes))
             start = end
-        with self._lock:
-            self._stats["truncated_lines"] += translator.truncated
-            self._stats["requests"] += len(group)
-            self._stats["lines"] += len(texts)
-            self._stats["batches"] += 1
-            self._stats["largest_batch_requests"] = max(self._stats["largest_batch_requests"], len(group))
 
 
 def answer(translator: Translator, sources: list[list[int]], hypotheses: list[list[Hypothesis]],

@@ -2,9 +2,10 @@
 
 A body is one JSON object: ``texts`` (a list of single-line strings) plus optional decode
 settings, each within a range (``DECODE_RANGES``) or among its choices (``DECODE_CHOICES``),
-and optional ``prefixes`` and ``constraints`` (one per text, as ``translate --prefix-file``
-and ``--constraints`` give them). Every problem is a ``RequestError`` with an HTTP status and
-a one-line message; nothing here imports torch.
+optional ``prefixes`` and ``constraints`` (one per text, as ``translate --prefix-file``
+and ``--constraints`` give them) and ``target_lang`` (as ``translate --target-lang``; here only
+its form is checked, the app checks it against the model). Every problem is a ``RequestError``
+with an HTTP status and a one-line message; nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from nmtkit.decoding.guides import Guide
+from nmtkit.decoding.options import language_problem
 
 # setting -> (type, lowest, highest); beam_size's highest comes from Limits.max_beam
 DECODE_RANGES: dict[str, tuple[type, float, float]] = {
@@ -23,6 +25,7 @@ DECODE_RANGES: dict[str, tuple[type, float, float]] = {
 DECODE_CHOICES: dict[str, tuple[str, ...]] = {"alignment_units": ("words", "pieces")}  # as translate's flag
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # one text is one line, as in `nmtkit translate`
 GUIDE_FIELDS = ("prefixes", "constraints")  # per text: a target prefix, target phrases to include
+LANGUAGE_FIELD = "target_lang"  # a multilingual model: the language of every translation of the request
 MAX_PHRASES = 32  # constraint phrases per text
 
 
@@ -71,13 +74,15 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
         raise RequestError(400, "body is not JSON this server reads: nested too deeply") from None
     if not isinstance(payload, dict):
         raise RequestError(400, 'body must be a JSON object such as {"texts": ["a line"]}')
-    unknown = sorted(set(payload) - {"texts", *GUIDE_FIELDS} - set(DECODE_RANGES) - set(DECODE_CHOICES))
+    known = [*GUIDE_FIELDS, *DECODE_RANGES, *DECODE_CHOICES, LANGUAGE_FIELD]
+    unknown = sorted(set(payload) - {"texts", *known})
     if unknown:
-        raise RequestError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; "
-                                f"known: texts, {', '.join([*GUIDE_FIELDS, *DECODE_RANGES, *DECODE_CHOICES])}")
+        raise RequestError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; known: texts, {', '.join(known)}")
     texts = check_texts(payload.get("texts"), limits)
     decode = {name: check_setting(name, value, limits) for name, value in payload.items()
               if name in DECODE_RANGES or name in DECODE_CHOICES}
+    if LANGUAGE_FIELD in payload:  # a setting like the others: requests that share it share batches
+        decode[LANGUAGE_FIELD] = check_language(payload[LANGUAGE_FIELD])
     return TranslateRequest(texts, decode, check_guides(payload.get("prefixes"), payload.get("constraints"), texts, limits))
 
 
@@ -126,6 +131,16 @@ def check_guides(prefixes: Any, constraints: Any, texts: list[str], limits: Limi
                 raise RequestError(400, f"constraints[{index}] holds an empty phrase")
     return [Guide.of(prefixes[i] if prefixes is not None else "", constraints[i] if constraints is not None else ())
             for i in range(len(texts))]
+
+
+def check_language(lang: Any) -> str:
+    """A ``target_lang`` of the form ``translate --target-lang`` takes ("" for none)."""
+    if not isinstance(lang, str):
+        raise RequestError(400, f'{LANGUAGE_FIELD} must be a string such as "es"')
+    problem = language_problem(lang, LANGUAGE_FIELD)
+    if problem:
+        raise RequestError(400, problem)
+    return lang
 
 
 def check_setting(name: str, value: Any, limits: Limits) -> Any:
