@@ -15,6 +15,7 @@ over the wall time (2.0 = both of 2 cores busy).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import resource
@@ -45,7 +46,7 @@ def synthetic_corpus(text: Path, langs: tuple[str, str], pairs: int, out: Path, 
 
 
 def _write_joins(text: Path, split: str, langs: tuple[str, str], pairs: int, out: Path, rng) -> None:
-    sides = [(text / f"{split}.{lang}").read_text(encoding="utf-8").splitlines() for lang in langs]
+    sides = [prepared_lines(text, split, lang) for lang in langs]
     with open(out / f"{split}.{langs[0]}", "w", encoding="utf-8") as src, \
             open(out / f"{split}.{langs[1]}", "w", encoding="utf-8") as tgt:
         for start in range(0, pairs, 100_000):
@@ -55,6 +56,15 @@ def _write_joins(text: Path, split: str, langs: tuple[str, str], pairs: int, out
                 rows = rows[:span]
                 src.write(" ".join(sides[0][i] for i in rows) + "\n")
                 tgt.write(" ".join(sides[1][i] for i in rows) + "\n")
+
+
+def prepared_lines(text: Path, split: str, lang: str) -> list[str]:
+    """A split's text in a prepared directory: train's is kept as ``train.LANG.gz`` (plain
+    ``train.LANG`` where an older nmtkit prepared it)."""
+    packed = text / f"{split}.{lang}.gz"
+    if packed.is_file():
+        return gzip.decompress(packed.read_bytes()).decode("utf-8").splitlines()
+    return (text / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
 
 
 def tree_rss_mib(pid: int) -> float:

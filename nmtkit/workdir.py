@@ -2,7 +2,8 @@
 reads or writes one asks these objects for the path instead of building it by hand.
 
     WORKDIR/config.yaml       the resolved recipe (written by prepare)
-    WORKDIR/prepared/         {split}.{lang} text, SentencePiece model(s), {split}.npz ids, manifest.json
+    WORKDIR/prepared/         {dev,test}.{lang} and train.{lang}.gz text, SentencePiece model(s),
+                              {split}.npz ids, manifest.json (the layout: nmtkit.data.prepare)
     WORKDIR/train/            the training run (RunDir below)
     WORKDIR/results/          translations, results.json, results.md (written by run)
 
@@ -54,7 +55,7 @@ class WorkDir:
         return cls(cfg.work_path)
 
     def text(self, split: str, lang: str) -> Path:
-        """A prepared split's plain text in one language."""
+        """A prepared split's plain text in one language (dev, test, test.NAME; train's is gzip'd)."""
         return self.prepared / f"{split}.{lang}"
 
     def ids(self, split: str) -> Path:

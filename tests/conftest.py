@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models and a tiny SentencePiece model keep every test fast."""
 from __future__ import annotations
 
+import gzip
 import os
 import random
 import subprocess
@@ -73,8 +74,12 @@ def write_prepared(workdir: Path, train: list[tuple[str, str]], dev: list[tuple[
     for split, pairs in (("train", train), ("dev", dev), ("test", dev)):
         save_split(prepared / f"{split}.npz", vocab.encode_batch([s for s, _ in pairs]),
                    vocab.encode_batch([t for _, t in pairs]))
-        (prepared / f"{split}.{src_lang}").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-        (prepared / f"{split}.{tgt_lang}").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+        for lang, side in ((src_lang, 0), (tgt_lang, 1)):
+            text = "".join(pair[side] + "\n" for pair in pairs).encode("utf-8")
+            if split == "train":  # kept compressed
+                (prepared / f"train.{lang}.gz").write_bytes(gzip.compress(text, mtime=0))
+            else:
+                (prepared / f"{split}.{lang}").write_bytes(text)
     return prepared
 
 

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end on a tiny model and write their JSON and tables."""
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -130,7 +131,11 @@ def test_scale_corpus_joins_two_or_three_random_pairs(tmp_path):
     text.mkdir()
     for split in ("train", "dev", "test"):
         for lang, word in (("en", "e"), ("es", "s")):
-            (text / f"{split}.{lang}").write_text("".join(f"{word}{i}\n" for i in range(100)))
+            lines = "".join(f"{word}{i}\n" for i in range(100)).encode()
+            if split == "train":  # kept compressed by prepare
+                (text / f"train.{lang}.gz").write_bytes(gzip.compress(lines))
+            else:
+                (text / f"{split}.{lang}").write_bytes(lines)
     out = tmp_path / "corpus"
     out.mkdir()
     files = scale.synthetic_corpus(text, ("en", "es"), 250, out, seed=0)

@@ -1,6 +1,7 @@
 """Several training corpora with weights and tags, and multilingual models (issue 17, items 2-3)."""
 from __future__ import annotations
 
+import gzip
 import io
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def test_prepare_counts_each_corpus_and_tags_its_sources(prepared):
          "dropped": {**empty, "empty": 1, "duplicate": 1, "heldout": 1}, "kept": n_copy}]
     assert "corpus copy (tag <2c>): read 63, kept 60; dropped: empty 1, duplicate 1, heldout 1" in printed
     out = Path(recipe["workdir"]) / "prepared"
-    sources = (out / "train.src").read_text().splitlines()
+    sources = gzip.decompress((out / "train.src.gz").read_bytes()).decode().splitlines()
     assert all(line.startswith("<2r> ") for line in sources[:n_rev])
     assert all(line.startswith("<2c> ") for line in sources[n_rev:])
     assert all(line.startswith("<2r> ") for line in (out / "dev.src").read_text().splitlines())

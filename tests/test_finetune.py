@@ -2,6 +2,7 @@
 one, and ``train.init_from`` starts a new run from another model's weights."""
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import shutil
@@ -76,7 +77,8 @@ def test_vocab_from_a_model_directory_encodes_with_its_model_and_counts_unknown_
     assert not (out / "spm.vocab").exists()
     for split in ("train", "dev"):
         ids = load_split(out / f"{split}.npz")
-        lines = (out / f"{split}.en").read_text(encoding="utf-8").splitlines()
+        text = gzip.decompress((out / "train.en.gz").read_bytes()) if split == "train" else (out / "dev.en").read_bytes()
+        lines = text.decode("utf-8").splitlines()
         expected = vocab.encode_batch(lines)
         assert [ids.pair(i)[0].tolist() for i in range(len(ids))] == expected
         assert summary["unknown"][split]["src"] == sum(piece == UNK for row in expected for piece in row)

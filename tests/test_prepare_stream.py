@@ -20,7 +20,7 @@ import nmtkit.data.vocab as vocab_module
 from nmtkit.data.clean import SeenHashes, TextFilter, length_filter, normalize
 from nmtkit.data.ids import load_split
 from nmtkit.data.vocab import Vocab, sample_indices, sampled_lines, train_spm
-from test_prepare_steps import EXPECTED, recipe, run, splits  # noqa: F401 (fixtures)
+from test_prepare_steps import EXPECTED, recipe, run, splits, train_text  # noqa: F401 (fixtures)
 
 
 def whole_corpus_clean(train, heldout):
@@ -74,24 +74,23 @@ def test_streaming_prepare_writes_what_preparing_the_whole_corpus_at_once_writes
     train = load_split(out / "train.npz")
     assert [train.pair(i)[0].tolist() for i in range(len(train))] == [x for x, k in zip(src, keep) if k]
     assert [train.pair(i)[1].tolist() for i in range(len(train))] == [x for x, k in zip(tgt, keep) if k]
-    assert (out / "train.en").read_text(encoding="utf-8") == "".join(
-        pair[0] + "\n" for pair, k in zip(kept, keep) if k)
+    assert train_text(out, "en") == "".join(pair[0] + "\n" for pair, k in zip(kept, keep) if k)
     for split in ("dev", "test"):
         ids = load_split(out / f"{split}.npz")
         assert [ids.pair(i)[1].tolist() for i in range(len(ids))] == vocab.encode_batch([t for _, t in splits[split]])
 
 
-def test_sentencepiece_trains_on_a_uniform_sample_of_the_whole_corpus(recipe, tmp_path, monkeypatch):
+def test_sentencepiece_trains_on_a_uniform_sample_of_the_whole_corpus(recipe, splits, monkeypatch):
     seen = lines_given_to_sentencepiece(monkeypatch)
     run(recipe, "vocab.input_sentence_size=250")
-    out = tmp_path / "work" / "prepared"
-    lines = [line for lang in ("en", "es") for line in (out / f"train.prefilter.{lang}").read_text().splitlines()]
+    kept, _ = whole_corpus_clean(splits["train"], splits["dev"] + splits["test"])  # the fetched text
+    lines = [s for s, _ in kept] + [t for _, t in kept]
     chosen = sample_indices(len(lines), 250, prep.SAMPLE_SEED)
     assert seen == [[lines[i] for i in chosen]]  # in corpus order, only the sample written
     assert chosen[-1] > len(lines) // 2 + 250  # from the target half too, not the first 250 lines
 
 
-def test_a_byte_cap_shrinks_the_sample_to_the_lines_that_hold_it(recipe, tmp_path, monkeypatch):
+def test_a_byte_cap_shrinks_the_sample_to_the_lines_that_hold_it(recipe, tmp_path, splits, monkeypatch):
     """vocab.input_bytes caps SentencePiece's sample by text size (its memory follows the text):
     as many uniformly drawn lines as hold the cap at the corpus's mean line length, recorded in the
     spm stamp; a cap that does not bind leaves the stamp as it was before the key existed."""
@@ -102,9 +101,9 @@ def test_a_byte_cap_shrinks_the_sample_to_the_lines_that_hold_it(recipe, tmp_pat
     out = tmp_path / "work" / "prepared"
     stamp = json.loads((out / "stamps" / "spm.json").read_text())
     assert "sample_lines" not in json.dumps(stamp) and len(seen) == 1
-    texts = [out / f"train.prefilter.{lang}" for lang in ("en", "es")]
-    lines = [line for path in texts for line in path.read_text().splitlines()]
-    size = sum(path.stat().st_size for path in texts)
+    kept, _ = whole_corpus_clean(splits["train"], splits["dev"] + splits["test"])  # the fetched text
+    lines = [s for s, _ in kept] + [t for _, t in kept]
+    size = sum(len(line.encode()) + 1 for line in lines)
     cap = size // 3
     run(recipe, f"vocab.input_bytes={cap}")
     expected = int(cap * len(lines) / size)

@@ -1,0 +1,107 @@
+"""The text files of a prepared directory: sentence pairs written one line each into two files,
+plain or gzip-compressed, and read back.
+
+Compression runs in a background thread: zlib releases the GIL, so it overlaps with the work of
+prepare's main process (reading, length rules, writing ids), which bounds prepare's speed while
+the encoding workers wait for it. At zlib's fastest level, prepare's kept training text takes
+~0.38 of its size (level 6: 0.31) at about four times the speed.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Iterable, Iterator, Optional
+
+from nmtkit.data.sources.corpus import Pair
+from nmtkit.files import atomic_open
+
+GZIP_LEVEL = 1
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # what splitlines() would split on
+
+
+def write_pairs(out: Path, stem: str, langs: tuple[str, str], pairs: Iterable[Pair],
+                compressed: bool = False) -> dict[str, dict]:
+    """Write ``stem.SRC`` / ``stem.TGT`` (``.gz`` when ``compressed``) line by line, line breaks
+    inside a sentence made spaces; returns lines, bytes and sha256 of the text per file."""
+    suffix = ".gz" if compressed else ""
+    names = [f"{stem}.{lang}{suffix}" for lang in langs]
+    digests = [hashlib.sha256(), hashlib.sha256()]
+    lines, sizes = 0, [0, 0]
+    with _text_file(out / names[0], compressed) as src_file, _text_file(out / names[1], compressed) as tgt_file:
+        for pair in pairs:
+            for side, (handle, digest, text) in enumerate(zip((src_file, tgt_file), digests, pair)):
+                raw = (_LINE_BREAKS.sub(" ", text) + "\n").encode("utf-8", errors="replace")
+                handle.write(raw)
+                digest.update(raw)
+                sizes[side] += len(raw)
+            lines += 1
+    return {name: {"lines": lines, "bytes": size, "sha256": digest.hexdigest()}
+            for name, size, digest in zip(names, sizes, digests)}
+
+
+def read_text(*paths: Path) -> Iterator[str]:
+    """Lines of files nmtkit wrote itself (UTF-8, one sentence a line)."""
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                yield line.rstrip("\n")
+
+
+def read_pairs(out: Path, stem: str, langs: tuple[str, str]) -> Iterator[Pair]:
+    return zip(read_text(out / f"{stem}.{langs[0]}"), read_text(out / f"{stem}.{langs[1]}"))
+
+
+@contextlib.contextmanager
+def _text_file(path: Path, compressed: bool) -> Iterator[IO[bytes]]:
+    """A binary file written atomically, gzip-compressed when ``compressed``."""
+    with atomic_open(path, "wb") as handle:
+        if not compressed:
+            yield handle
+            return
+        packer = BackgroundGzip(handle)
+        try:
+            yield packer
+            packer.finish()
+        finally:
+            packer.close()
+
+
+class BackgroundGzip:
+    """A gzip stream onto ``handle``, compressed a block at a time in one background thread (one
+    block in flight, so memory stays bounded and a failure surfaces at the next write). The same
+    text gives the same bytes: no file name or time in the header."""
+
+    BLOCK = 1 << 20
+
+    def __init__(self, handle: IO[bytes], level: int = GZIP_LEVEL) -> None:
+        self.packed = gzip.GzipFile(filename="", mode="wb", compresslevel=level, fileobj=handle, mtime=0)
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="gzip")
+        self.blocks: list[bytes] = []
+        self.buffered = 0
+        self.pending: Optional[Future] = None
+
+    def write(self, data: bytes) -> None:
+        self.blocks.append(data)
+        self.buffered += len(data)
+        if self.buffered >= self.BLOCK:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+        self.pending = self.thread.submit(self.packed.write, b"".join(self.blocks))
+        self.blocks, self.buffered = [], 0
+
+    def finish(self) -> None:
+        """Compress what is left and wait for it (the caller then closes)."""
+        self._hand_over()
+        self.pending.result()
+
+    def close(self) -> None:
+        """Stop the thread (after its block) and end the gzip stream; ``handle`` stays open."""
+        self.thread.shutdown(wait=True)
+        self.packed.close()
