@@ -17,7 +17,6 @@ from typer.core import TyperCommand, TyperGroup
 
 from nmtkit import __version__
 from nmtkit import cli_options as opts
-from nmtkit.decoding.options import TranslateOptions
 from nmtkit.serving.requests import Limits
 
 
@@ -151,17 +150,13 @@ def translate(
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
-    import dataclasses
-
     from nmtkit.decoding.guides import GuideFiles
-    from nmtkit.translation import saved_decode_settings, translate_file
+    from nmtkit.translation import resolve_options, translate_file
 
     flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                  batch_tokens=batch_tokens)
-    decode = {**dataclasses.asdict(saved_decode_settings(model[0])),
-              **{name: value for name, value in flags.items() if value is not None}}  # a flag always wins
-    options = TranslateOptions(
-        **decode, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
+    options = resolve_options(
+        model, flags, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
         alignment_units=alignment_units, stream=stream, chunk_lines=chunk_lines,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
         compile=compile, target_lang=target_lang,
@@ -180,7 +175,13 @@ def serve(
     engine: str = typer.Option(opts.DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
     device: str = opts.DEVICE,
     dtype: str = opts.DTYPE,
-    batch_tokens: int = typer.Option(opts.DEFAULTS.batch_tokens, "--batch-tokens", min=1, help="Source tokens x beam per model call (requests are collected up to it)."),
+    beam_size: Optional[int] = opts.BEAM_SIZE,
+    lenpen: Optional[float] = opts.LENPEN,
+    max_len_a: Optional[float] = opts.MAX_LEN_A,
+    max_len_b: Optional[int] = opts.MAX_LEN_B,
+    min_len: Optional[int] = opts.MIN_LEN,
+    batch_tokens: Optional[int] = opts.decode_flag("batch_tokens", "Source tokens x beam per model call (requests "
+                                                   "are collected up to it)"),
     batch_window_ms: float = typer.Option(5.0, "--batch-window-ms", help="How long the first waiting request waits for others to join its batch."),
     max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
@@ -190,16 +191,19 @@ def serve(
                                     help="A multilingual model: the language to translate into when a request "
                                          "gives no target_lang (as translate --target-lang)."),
 ) -> None:
-    """Serve translations over HTTP: POST /translate, GET /health, GET /info (needs the serve extra)."""
+    """Serve translations over HTTP: POST /translate, GET /health, GET /info (needs the serve extra).
+    A request's decode settings default to these flags, else to the model's saved ones, as in translate."""
     from nmtkit.serving import require_http_stack
 
     require_http_stack()
     from nmtkit.serving.app import serve as run_server
+    from nmtkit.translation import resolve_options
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
                     max_beam=max_beam)
-    options = TranslateOptions(engine=engine, device=device, dtype=dtype, batch_tokens=batch_tokens,
-                               target_lang=target_lang)
+    flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                 batch_tokens=batch_tokens)
+    options = resolve_options(model, flags, engine=engine, device=device, dtype=dtype, target_lang=target_lang)
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
                verbose=_state["verbosity"] > 0)
 

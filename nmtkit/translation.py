@@ -17,7 +17,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from nmtkit import __version__
 from nmtkit.checksums import MANIFEST
@@ -59,6 +59,16 @@ def saved_decode_settings(model_dir: str | Path) -> DecodeConfig:
         if meta is not None and "decode" in meta:
             return saved_decode(meta, path)
     return DecodeConfig()
+
+
+def resolve_options(model_dirs: Sequence[str | Path], flags: dict[str, Any], **settings) -> TranslateOptions:
+    """The options of ``translate`` or ``serve`` on ``model_dirs``: each decode setting from
+    ``flags`` where it is given (not None), else the first model's saved decode section (an
+    export's nmtkit.json), else ``DecodeConfig``'s default; ``settings``: the command's own
+    (device, engine, ...). One precedence rule for both, so serve answers as translate does."""
+    saved = saved_decode_settings(model_dirs[0]) if model_dirs else DecodeConfig()
+    decode = dataclasses.replace(saved, **{name: value for name, value in flags.items() if value is not None})
+    return TranslateOptions.from_decode(decode, **settings)
 
 
 def open_engine(model_dirs: Sequence[str], options: TranslateOptions):

@@ -3,6 +3,7 @@ requests arriving together share model calls without mixing, every malformed req
 a 4xx JSON error, and SIGTERM lets a request in flight finish."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -177,6 +178,96 @@ def test_serve_refuses_a_target_lang_the_model_lacks_like_translate(tagged_dir, 
                                   "--target-lang", "es")
     assert (code, err) == (2, "nmtkit: error: --target-lang es: the model has no target-language tag <2es> "
                               "(it has none: a model of one direction)\n")
+
+# --- the server's defaults: resolved as translate resolves its flags --------------------------
+
+SAVED = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 0.0, "max_len_b": 3, "min_len": 0, "batch_tokens": 700}
+
+
+@pytest.fixture(scope="module")
+def saved_dir(model_dir, tmp_path_factory) -> Path:
+    """model_dir's weights saved with decode settings of their own (SAVED), as a recipe's
+    decode section leaves them."""
+    from nmtkit.modeldir import load_model_dir, save_model_dir
+
+    loaded = load_model_dir(model_dir)
+    spm = model_dir / loaded.meta["spm"]["src"]
+    return save_model_dir(loaded.model, loaded.model_cfg, tmp_path_factory.mktemp("saved") / "model", spm, spm,
+                          {"decode": SAVED})
+
+
+def options_of(monkeypatch, capsys, command: str, *args: str) -> TranslateOptions:
+    """The options ``nmtkit COMMAND ARGS`` (serve or translate) runs under, caught where the
+    command hands them to its core function (so no server starts and nothing is translated)."""
+    import nmtkit.serving.app
+    import nmtkit.translation
+
+    caught = {}
+    with monkeypatch.context() as patch:
+        patch.setattr(nmtkit.serving.app, "serve", lambda dirs, options, *rest, **kw: caught.update(options=options))
+        patch.setattr(nmtkit.translation, "translate_file",
+                      lambda dirs, source, out, options, *rest: caught.update(options=options))
+        code, _, err = cli_in_process(patch, capsys, command, *args)
+    assert code == 0, err
+    return caught["options"]
+
+
+def decode_of(options: TranslateOptions) -> dict:
+    return {name: getattr(options, name) for name in SAVED}
+
+
+def translated(monkeypatch, capsys, *args: str) -> str:
+    """What ``nmtkit translate ARGS`` writes to stdout."""
+    code, out, err = cli_in_process(monkeypatch, capsys, "-q", "translate", "--device", "cpu", *args)
+    assert code == 0, err
+    return out
+
+
+def served(options: TranslateOptions, model_dirs: list[str], body: dict) -> tuple[str, dict]:
+    """The answer's translations as translate writes them (a line each), and the /info card."""
+    with start_app(model_dirs, options) as client:
+        answer = client.post("/translate", json=body)
+        assert answer.status_code == 200, answer.text
+        return "".join(text + "\n" for text in answer.json()["translations"]), client.get("/info").json()
+
+
+def test_serve_defaults_are_the_models_saved_settings_unless_a_flag_overrides(saved_dir, model_dir, tmp_path,
+                                                                              monkeypatch, capsys):
+    lines = sources(6, 7)
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines))
+    model, flags = [str(saved_dir)], ["--beam-size", "1", "--max-len-b", "9"]
+    options = options_of(monkeypatch, capsys, "serve", "-m", model[0], "--port", "0", "--device", "cpu")
+    assert decode_of(options) == SAVED
+    answer, card = served(options, model, {"texts": lines})
+    assert answer == translated(monkeypatch, capsys, "-m", model[0], "-i", str(source))
+    assert answer != translated(monkeypatch, capsys, "-m", str(model_dir), "-i", str(source))  # the settings count
+    assert {**card["serving"]["defaults"], "batch_tokens": card["serving"]["batch_tokens"]} == {
+        **SAVED, "nbest": 1, "scores": False, "alignments": False, "alignment_units": "words", "target_lang": ""}
+    asked, _ = served(options, model, {"texts": lines, "beam_size": 2})  # a request's setting over the server's
+    assert asked == translated(monkeypatch, capsys, "-m", model[0], "-i", str(source), "--beam-size", "2")
+    flagged = options_of(monkeypatch, capsys, "serve", "-m", model[0], "--port", "0", "--device", "cpu", *flags)
+    assert decode_of(flagged) == {**SAVED, "beam_size": 1, "max_len_b": 9}
+    answer, card = served(flagged, model, {"texts": lines})
+    assert answer == translated(monkeypatch, capsys, "-m", model[0], "-i", str(source), *flags)
+    assert (card["serving"]["defaults"]["beam_size"], card["serving"]["defaults"]["max_len_b"]) == (1, 9)
+
+
+def test_serve_resolves_ensembles_and_exports_as_translate(saved_dir, model_dir, tmp_path, monkeypatch, capsys):
+    from nmtkit.config import DecodeConfig
+
+    models = [("-m", str(saved_dir), "-m", str(model_dir)), ("-m", str(model_dir), "-m", str(saved_dir))]
+    if importlib.util.find_spec("ctranslate2"):
+        from nmtkit.ctranslate2.export import export_ctranslate2
+
+        models.append(("-m", str(export_ctranslate2(saved_dir, tmp_path / "ct2"))))
+    for args, decode in zip(models, [SAVED, DecodeConfig().__dict__, SAVED]):  # an ensemble: the first model's
+        assert decode_of(options_of(monkeypatch, capsys, "serve", *args, "--port", "0")) == decode
+        assert decode_of(options_of(monkeypatch, capsys, "translate", *args)) == decode
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(saved_dir), "--port", "0", "--max-beam", "2")
+    assert (code, err) == (2, "nmtkit: error: the server's beam size 3 (--beam-size, else the model's decode "
+                              "settings) is over --max-beam 2: give a smaller --beam-size or a larger --max-beam\n")
+
 
 MALFORMED = {
     "not JSON": (b'{"texts": ["a b"', 400, "not JSON"),

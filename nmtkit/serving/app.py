@@ -119,8 +119,8 @@ def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: 
     from nmtkit.translation import resolve_engine
 
     card = model_card(model_dirs[0])
-    defaults = {f: getattr(options, f) for f in ("beam_size", "nbest", "lenpen", "max_len_a", "max_len_b",
-                                                 "min_len", "scores", "alignments", "target_lang")}
+    defaults = {f: getattr(options, f) for f in ("beam_size", "nbest", "lenpen", "max_len_a", "max_len_b", "min_len",
+                                                 "scores", "alignments", "alignment_units", "target_lang")}
     card["serving"] = {"engine": resolve_engine(model_dirs, options.engine), "models": [str(m) for m in model_dirs], "device": options.device,
                        "dtype": options.dtype, "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
                        "limits": dataclasses.asdict(limits), "defaults": defaults}
@@ -148,7 +148,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
     from nmtkit.translation import open_engine
 
     options.validate()
-    limits.check()
+    limits.check(options.beam_size)
     check_range("serve.batch_window_ms", window_ms, "--batch-window-ms")
     check_range("serve.port", port, "--port")
     sock = bind(host, port)

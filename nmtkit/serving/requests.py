@@ -46,11 +46,16 @@ class Limits:
     max_line_chars: int = 2000
     max_beam: int = 16
 
-    def check(self) -> None:
+    def check(self, beam_size: int) -> None:
+        """The limits are usable and admit the server's own ``beam_size``: a default that a
+        request could not ask for explicitly would make the two answer differently."""
         from nmtkit.errors import ConfigError
 
         if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam) < 1:
             raise ConfigError("--max-body-bytes, --max-lines, --max-line-chars and --max-beam must be at least 1")
+        if beam_size > self.max_beam:
+            raise ConfigError(f"the server's beam size {beam_size} (--beam-size, else the model's decode settings) "
+                              f"is over --max-beam {self.max_beam}: give a smaller --beam-size or a larger --max-beam")
 
 
 @dataclass(frozen=True)
