@@ -1,11 +1,12 @@
 """Training-data filters: normalisation and exact counts per rule."""
+import sys
 import unicodedata
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nmtkit.data.clean import RULES, TextFilter, length_filter, normalize
+from nmtkit.data.clean import _ODD_SPACES, RULES, TextFilter, length_filter, normalize, normalize_batch
 
 
 def test_normalize_nfc_and_whitespace():
@@ -19,6 +20,22 @@ def test_normalize_is_idempotent_nfc_and_single_spaced(text):
     assert normalize(once) == once
     assert unicodedata.is_normalized("NFC", once)
     assert "  " not in once and once == once.strip()
+
+
+_MARKS = ["a", "e", " ", "\u0301", "\u0327", "\u1100", "\u1161", "\u11a8", "\u212b", "\u0f73", "\ufeff"]
+_CLEAN = st.lists(st.text(st.sampled_from(_MARKS), max_size=8), max_size=600)  # the fast path, mostly
+_NASTY = st.lists(st.text(st.sampled_from([*_ODD_SPACES[:-1], "\x00", *_MARKS]), max_size=8), max_size=600)
+
+
+@given(st.one_of(_CLEAN, _NASTY, st.lists(st.text(), max_size=20)))
+def test_normalize_batch_is_normalize_of_each(texts):
+    # blocks of 256: clean blocks take the fast path, others (and NULs) go one by one
+    assert normalize_batch(texts) == [normalize(text) for text in texts]
+
+
+def test_odd_spaces_are_every_split_character_but_the_space():
+    every = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
+    assert set(_ODD_SPACES[:-1]) == every - {" "} and _ODD_SPACES[-1] == "  "
 
 
 def test_text_filter_counts_each_rule_once():

@@ -370,3 +370,16 @@ def test_background_gzip_keeps_the_lines_in_order_and_writes_the_same_bytes_each
         textfiles.write_pairs(tmp_path, "c", ("en", "es"), failing(), compressed=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.en.gz", "a.es.gz", "b.en.gz", "b.es.gz"]
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("gzip")]
+
+
+def test_text_written_in_blocks_is_written_line_by_line(tmp_path, monkeypatch):
+    from nmtkit.data import textfiles
+
+    monkeypatch.setattr(textfiles, "WRITE_PAIRS", 3)  # blocks with and without a line break inside
+    pairs = [("a", "b"), ("c\r\nd", "e"), ("f", "g\u2028h"), ("i\x85", "ü"), ("k", "l"), ("m", "\ud800 n"), ("o", "p")]
+    report = textfiles.write_pairs(tmp_path, "t", ("en", "es"), pairs)
+    for side, lang in enumerate(("en", "es")):
+        text = b"".join((textfiles._LINE_BREAKS.sub(" ", pair[side]) + "\n").encode("utf-8", errors="replace")
+                        for pair in pairs)
+        assert (tmp_path / f"t.{lang}").read_bytes() == text
+        assert report[f"t.{lang}"] == {"lines": 7, "bytes": len(text), "sha256": hashlib.sha256(text).hexdigest()}

@@ -14,10 +14,10 @@ need token counts, so they run on the encoded lengths (``length_filter``).
 """
 from __future__ import annotations
 
-import unicodedata
 import itertools
+import unicodedata
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -25,11 +25,34 @@ Pair = tuple[str, str]
 
 RULES = ("empty", "duplicate", "heldout", "too_long", "ratio")
 BATCH_PAIRS = 4096  # pairs the text rules look at together
+_SEPARATOR = "\x00"  # joins texts: not whitespace, and a starter that NFC composes with nothing
+_BLOCK = 256  # texts checked together: a rare odd space sends only its block the slow way
+# every character str.split() splits on but the space (tests/test_clean.py checks the list), and two spaces
+_ODD_SPACES = (*"\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+               "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000", "  ")
 
 
 def normalize(text: str) -> str:
     """Unicode NFC with every run of whitespace (tabs, NBSP, line separators) one space."""
     return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def normalize_batch(texts: Sequence[str]) -> list[str]:
+    """``[normalize(t) for t in texts]``, about three times faster: a block of texts is joined by a
+    NUL and normalised as one string (NFC never composes across the NUL), and when the block holds
+    no whitespace but single spaces (C-speed substring searches tell), only a space at either end of
+    a text is left to strip. Other blocks, and texts that hold a NUL themselves, go one by one."""
+    out: list[str] = []
+    for start in range(0, len(texts), _BLOCK):
+        block = texts[start:start + _BLOCK]
+        joined = _SEPARATOR.join(block)
+        if joined.count(_SEPARATOR) == len(block) - 1:
+            joined = unicodedata.normalize("NFC", joined)
+            if not any(space in joined for space in _ODD_SPACES):
+                out += [text.strip(" ") for text in joined.split(_SEPARATOR)]
+                continue
+        out += [normalize(text) for text in block]
+    return out
 
 
 class SeenHashes:
@@ -90,7 +113,7 @@ class TextFilter:
 
     def _filter(self, batch: list[Pair]) -> list[Pair]:
         self.counts["read"] += len(batch)
-        normalized = [(normalize(src), normalize(tgt)) for src, tgt in batch]
+        normalized = list(zip(*map(normalize_batch, zip(*batch))))
         full = [pair for pair in normalized if pair[0] and pair[1]]
         self.counts["empty"] += len(normalized) - len(full)
         if not self.dedup:

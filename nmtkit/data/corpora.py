@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Iterator, Optional
 
-from nmtkit.data.clean import TextFilter
+from nmtkit.data.clean import BATCH_PAIRS, TextFilter
 from nmtkit.data.sources import files, fingerprint, read_corpus
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.vocab import with_tag
@@ -90,6 +90,8 @@ class CorpusStream:
 
 
 def _counting(items, advance: Callable[[int], None]) -> Iterator:
-    for item in items:
-        advance(1)
-        yield item
+    """``items``, with ``advance`` told of them a batch at a time (a progress bar per item is slow)."""
+    items = iter(items)
+    while batch := list(itertools.islice(items, BATCH_PAIRS)):
+        advance(len(batch))
+        yield from batch
