@@ -8,14 +8,18 @@ recipes/quickstart.yaml). The trainer logs target tokens/s (EOS included, paddin
 the first ``--warmup-windows``. Peak RSS is the training process's own. MFU = model FLOP/s
 (see common.transformer_flops, x3 for forward + backward) / the measured matmul peak.
 
-``--peers joeynmt`` also trains JoeyNMT (float32, CPU) on the same text, SentencePiece model,
-architecture, batch size and optimiser for the same number of updates, in the Python of
-``--peer-python`` (a virtual environment where it is installed), and reports the median of
-its own "Tokens per Sec" log lines (target tokens, padding excluded: the same count as
-ours) after the same warm-up, so the ratio comes out of one run. (fairseq 0.12 and
-OpenNMT-py 3.5 do not import on Python 3.11 with torch >= 2.3; see RESULTS.md.)
+``--peers joeynmt,fairseq`` also trains those toolkits (float32, CPU) on the same data,
+SentencePiece vocabulary, architecture, batch size, optimiser and schedule for the same number
+of updates, in the Python of ``--peer-python`` (a virtual environment where they are
+installed), and reports the median of their own throughput log lines after the same warm-up:
+JoeyNMT's "Tokens per Sec", fairseq's ``wps`` (fairseq_peer.py; fairseq 0.12 installs on
+Python 3.11 as ``fairseq-fixed``). Both count target tokens with EOS and without padding, as
+ours. Each nmtkit record gets its tok/s and peak RSS over each peer's (``x_fairseq_tok_s``,
+``x_fairseq_rss``, whatever our dtype), and over the fastest peer's in its dtype (``x_peer``).
+(OpenNMT-py 3.5 does not import on Python 3.11 with torch >= 2.3; see RESULTS.md.)
 
-    python benchmarks/train_speed.py --model WORKDIR/train/best --data WORKDIR/prepared
+    python benchmarks/train_speed.py --model WORKDIR/train/best --data WORKDIR/prepared \
+        [--peers fairseq --peer-python VENV/bin/python]
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 import common
+import fairseq_peer
 
 
 def default_recipe(data: Path) -> Path:
@@ -177,12 +182,62 @@ def run_joeynmt(args, recipe: Path, meta: dict) -> dict:
             raise RuntimeError(f"no throughput in JoeyNMT's log:\n{log[-3000:]}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return peer_record("joeynmt", args, rates, done, load_before, cfg["training"]["batch_size"],
+                       f"joeynmt train joey.yaml --skip-test (JoeyNMT {args.peer_python})")
+
+
+def peer_record(toolkit: str, args, rates: list[float], done: dict, load_before: list[float], max_tokens: int,
+                command: str) -> dict:
+    """A peer's record: the median of its logged windows after the same warm-up as ours."""
     kept = rates[args.warmup_windows:] or rates[-1:]
-    return {"toolkit": "joeynmt", "dtype": "float32", "steps": args.steps, "max_tokens": cfg["training"]["batch_size"],
+    return {"toolkit": toolkit, "dtype": "float32", "steps": args.steps, "max_tokens": max_tokens,
             "threads": args.threads, "windows_tok_s": rates, "tgt_tok_s": round(statistics.median(kept), 1),
             "tgt_tok_s_min": min(kept), "tgt_tok_s_max": max(kept), "peak_rss_mib": done["peak_rss_mib"],
             "wall_s": done["wall_s"], "load_before": load_before, "load_after": common.load_average(),
-            "command": f"joeynmt train joey.yaml --skip-test (JoeyNMT {args.peer_python})"}
+            "command": command}
+
+
+def run_fairseq(args, recipe: Path, meta: dict) -> dict:
+    """fairseq on the same pieces, vocabulary and settings; its steady-state target tokens/s and peak RSS."""
+    import yaml
+
+    scratch = Path(tempfile.mkdtemp(prefix="nmtkit-bench-fairseq-"))
+    try:
+        bin_dir = fairseq_peer.binarize(args, meta, scratch)
+        argv = [args.peer_python, *fairseq_peer.fairseq_train_argv(
+            meta, yaml.safe_load(recipe.read_text(encoding="utf-8")) or {}, bin_dir, args)]
+        load_before = common.load_average()
+        done = common.run_child(argv, threads=args.threads, timeout=3600.0)
+        log = done["stdout"] + done["stderr"]
+        if done["returncode"] != 0:
+            raise RuntimeError(f"fairseq-train failed:\n{log[-3000:]}")
+        rates = fairseq_peer.fairseq_rates(log)
+        if not rates:
+            raise RuntimeError(f"no throughput in fairseq's log:\n{log[-3000:]}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    record = peer_record("fairseq", args, rates, done, load_before, int(argv[argv.index("--max-tokens") + 1]),
+                         "fairseq-train " + " ".join(argv[3:]).replace(str(scratch), "SCRATCH"))
+    return {**record, "vocab": fairseq_peer.dictionary_size(log)}
+
+
+PEERS = {"joeynmt": run_joeynmt, "fairseq": run_fairseq}
+
+
+def compare_with_peers(record: dict, records: list[dict]) -> None:
+    """For an nmtkit record: its tok/s over the fastest peer's in the same dtype (``x_peer``),
+    and its tok/s and peak RSS over each peer's whatever the peer's dtype (``x_fairseq_tok_s``,
+    ``x_fairseq_rss``: the targets compare our default dtype with fairseq's float32)."""
+    if record["toolkit"] != "nmtkit":
+        return
+    peers = [r for r in records if r["toolkit"] != "nmtkit"]
+    same_dtype = [r["tgt_tok_s"] for r in peers if r["dtype"] == record["dtype"]]
+    if same_dtype:
+        record["x_peer"] = round(record["tgt_tok_s"] / max(same_dtype), 2)
+    for peer in peers:
+        record[f"x_{peer['toolkit']}_tok_s"] = round(record["tgt_tok_s"] / peer["tgt_tok_s"], 2)
+        if record["peak_rss_mib"] and peer["peak_rss_mib"]:
+            record[f"x_{peer['toolkit']}_rss"] = round(record["peak_rss_mib"] / peer["peak_rss_mib"], 2)
 
 
 def add_training_options(parser, steps: int) -> None:
@@ -199,7 +254,7 @@ def main(argv=None) -> list[dict]:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float32,bf16", help="comma-separated: float32, bf16")
     add_training_options(parser, steps=40)
-    parser.add_argument("--peers", default="", help="peer toolkits to train the same way: joeynmt")
+    parser.add_argument("--peers", default="", help="peer toolkits to train the same way: " + ", ".join(PEERS))
     parser.add_argument("--peer-python", default=sys.executable, help="the Python where the peers are installed")
     args = parser.parse_args(argv)
     data = Path(args.data)
@@ -213,27 +268,29 @@ def main(argv=None) -> list[dict]:
     records = []
     runs = [("nmtkit", dtype) for dtype in filter(None, args.dtypes.split(","))]
     runs += [(peer, "float32") for peer in filter(None, args.peers.split(","))]
-    unknown = [toolkit for toolkit, _ in runs if toolkit not in ("nmtkit", "joeynmt")]
+    unknown = [toolkit for toolkit, _ in runs if toolkit not in ("nmtkit", *PEERS)]
     if unknown:  # before anything runs
-        raise SystemExit(f"unknown peer {unknown[0]!r} (known: joeynmt)")
+        raise SystemExit(f"unknown peer {unknown[0]!r} (known: {', '.join(PEERS)})")
     for toolkit, dtype in runs:
         peak = common.matmul_peak(dtype, args.threads)
-        record = run_dtype(args, dtype, recipe, meta) if toolkit == "nmtkit" else run_joeynmt(args, recipe, meta)
+        record = run_dtype(args, dtype, recipe, meta) if toolkit == "nmtkit" else PEERS[toolkit](args, recipe, meta)
         achieved = record["tgt_tok_s"] * flops["train_per_tgt_token"] / 1e9
         record.update(matmul_peak_gflops=peak["gflops"], matmul_peak=peak, model_gflops=round(achieved, 1),
                       mfu_pct=round(100 * achieved / peak["gflops"], 1),
                       train_mflop_per_tgt_token=round(flops["train_per_tgt_token"] / 1e6, 1))
         records.append(record)
         print(json.dumps({k: v for k, v in record.items() if k != "windows_tok_s"}), file=sys.stderr)
-    for record in records:  # nmtkit's speed over the fastest peer's, same dtype
-        peers = [r["tgt_tok_s"] for r in records if r["toolkit"] != "nmtkit" and r["dtype"] == record["dtype"]]
-        if record["toolkit"] == "nmtkit" and peers:
-            record["x_peer"] = round(record["tgt_tok_s"] / max(peers), 2)
+    peer_names = [toolkit for toolkit in PEERS if any(r["toolkit"] == toolkit for r in records)]
+    for record in records:
+        compare_with_peers(record, records)
     common.write_results(Path(args.out), "train_speed", records, [
         ("toolkit", "toolkit"), ("dtype", "dtype"), ("tgt_tok_s", "train tgt tok/s (median)"), ("tgt_tok_s_min", "min"),
         ("tgt_tok_s_max", "max"), ("peak_rss_mib", "peak RSS MiB"), ("train_mflop_per_tgt_token", "MFLOP/tok"),
         ("model_gflops", "model GFLOP/s"), ("matmul_peak_gflops", "matmul peak GFLOP/s"), ("mfu_pct", "MFU %"),
-        ("x_peer", "x fastest peer"), ("threads", "threads"), ("load_before", "load before")],
+        ("x_peer", "x fastest peer"),
+        *[column for peer in peer_names for column in ((f"x_{peer}_tok_s", f"tok/s / {peer}'s"),
+                                                        (f"x_{peer}_rss", f"peak RSS / {peer}'s"))],
+        ("threads", "threads"), ("load_before", "load before")],
         "Training throughput (steady state)",
         [f"Model {args.model}; data {args.data}; mean lengths src {src_len:.1f} / tgt {tgt_len:.1f} pieces.",
          f"{args.steps} updates per dtype, windows of {args.log_every}, the first {args.warmup_windows} left out."])

@@ -117,9 +117,9 @@ def test_unknown_peer_is_a_clear_error(trained, tmp_path):
     import train_speed
 
     model, data = trained
-    with pytest.raises(SystemExit, match="unknown peer 'fairseq'"):
+    with pytest.raises(SystemExit, match="unknown peer 'opennmt'"):
         train_speed.main(["--model", str(model), "--data", str(data), "--out", str(tmp_path), "--threads", "1",
-                          "--dtypes", "", "--peers", "fairseq", "--recipe", str(data.parent / "recipe.yaml")])
+                          "--dtypes", "", "--peers", "opennmt", "--recipe", str(data.parent / "recipe.yaml")])
 
 
 def test_scale_corpus_joins_two_or_three_random_pairs(tmp_path):
@@ -153,3 +153,105 @@ def test_scale_corpus_joins_two_or_three_random_pairs(tmp_path):
     assert len(dev) == 30 and all(t == s.replace("e", "s") and len(s.split()) in (2, 3) for s, t in dev)
     assert (out / "test.en").read_text() == (text / "test.en").read_text()
     assert len(set(src)) >= 245  # of ~10^6 possible joins, 250 draws almost never repeat
+
+
+def fairseq_args(tmp_path, **overrides):
+    import argparse
+
+    values = dict(model=str(tmp_path / "model"), max_tokens=0, steps=30, log_every=5)
+    return argparse.Namespace(**{**values, **overrides})
+
+
+def test_fairseq_peer_gets_our_dimensions_and_training_settings(tmp_path):
+    """fairseq must train the same model the same way as ours, or its ratio means nothing."""
+    import fairseq_peer
+
+    meta = {"model": {"arch": "transformer", "d_model": 256, "ffn_dim": 1024, "heads": 4, "encoder_layers": 3,
+                      "decoder_layers": 2, "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0,
+                      "pre_norm": False, "tie_embeddings": "all", "max_positions": 512},
+            "spm": {"src": "spm.model", "tgt": "spm.model"}, "src_lang": "en", "tgt_lang": "es"}
+    recipe = {"train": {"lr": 0.001, "warmup": 300, "label_smoothing": 0.1, "max_tokens": 2048, "betas": [0.9, 0.98],
+                        "eps": 1e-9, "update_freq": 1, "seed": 1}}
+    argv = fairseq_peer.fairseq_train_argv(meta, recipe, tmp_path / "bin", fairseq_args(tmp_path))
+    options = dict(zip(argv[3::2], argv[4::2]))  # after "-m fairseq_cli.train DATA": --key value pairs, then flags
+    expected = {"--encoder-layers": "3", "--decoder-layers": "2", "--encoder-embed-dim": "256",
+                "--decoder-embed-dim": "256", "--encoder-ffn-embed-dim": "1024", "--decoder-ffn-embed-dim": "1024",
+                "--encoder-attention-heads": "4", "--decoder-attention-heads": "4", "--dropout": "0.1",
+                "--source-lang": "en", "--target-lang": "es", "--criterion": "label_smoothed_cross_entropy",
+                "--label-smoothing": "0.1", "--adam-betas": "(0.9,0.98)", "--lr-scheduler": "inverse_sqrt",
+                "--lr": "0.001", "--warmup-updates": "300", "--max-tokens": "2048", "--max-update": "30",
+                "--log-interval": "5", "--log-format": "json", "--num-workers": "0"}
+    assert {key: options.get(key) for key in expected} == expected
+    assert {"--cpu", "--no-save", "--share-all-embeddings"} <= set(argv) and "--encoder-normalize-before" not in argv
+    pre_norm = {**meta, "model": {**meta["model"], "pre_norm": True, "tie_embeddings": "decoder"}}
+    argv = fairseq_peer.fairseq_train_argv(pre_norm, recipe, tmp_path / "bin", fairseq_args(tmp_path, max_tokens=4096))
+    assert {"--encoder-normalize-before", "--decoder-normalize-before", "--share-decoder-input-output-embed"} <= set(argv)
+    assert "--share-all-embeddings" not in argv and argv[argv.index("--max-tokens") + 1] == "4096"  # --max-tokens wins
+    swiglu = {**meta, "model": {**meta["model"], "ffn": "swiglu"}}
+    with pytest.raises(SystemExit, match="cannot train {'ffn': 'swiglu'}"):
+        fairseq_peer.fairseq_train_argv(swiglu, recipe, tmp_path / "bin", fairseq_args(tmp_path))
+
+
+def test_fairseq_peer_reads_our_ids_and_vocabulary(trained, tmp_path):
+    """The pieces fairseq binarises are our prepared ids, and its dictionary our V pieces."""
+    import sentencepiece
+
+    import fairseq_peer
+    from nmtkit.data.ids import load_split
+
+    model, data = trained
+    meta = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    options = fairseq_peer.write_text(data, model, meta, tmp_path)
+    assert options == {"--joined-dictionary": True, "--srcdict": tmp_path / "dict.src.txt", "--tgtdict": None}
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model / meta["spm"]["src"]))
+    lines = (tmp_path / "dict.src.txt").read_text(encoding="utf-8").splitlines()
+    assert 4 + len(lines) == sp.vocab_size()  # fairseq's <s> <pad> </s> <unk>, then ours: the same V
+    assert [line.rsplit(" ", 1)[0] for line in lines] == [sp.id_to_piece(i) for i in range(4, sp.vocab_size())]
+    for split in ("train", "dev"):
+        ids = load_split(data / f"{split}.npz")
+        for side in ("src", "tgt"):
+            text = (tmp_path / f"{split}.{meta[side + '_lang']}").read_text(encoding="utf-8").splitlines()
+            assert len(text) == len(ids)
+            flat = [sp.piece_to_id(piece) for line in text for piece in line.split()]
+            assert flat == getattr(ids, side).tolist()
+
+
+def test_fairseq_dictionary_leaves_out_the_specials():
+    import fairseq_peer
+
+    text = fairseq_peer.fairseq_dictionary(["<pad>", "<unk>", "▁a", "b", "</s>"], [True, True, False, False, True])
+    assert text == "▁a 1\nb 1\n"
+
+
+# Lines of a real fairseq-fixed 0.12.3.1 run (fairseq_peer.fairseq_train_argv, quickstart data, 2026-11-24).
+FAIRSEQ_LOG = """\
+2026-11-24 03:40:36 | INFO | fairseq.tasks.translation | [en] dictionary: 8000 types
+2026-11-24 03:40:36 | INFO | fairseq.tasks.translation | [es] dictionary: 8000 types
+2026-11-24 03:40:55 | INFO | train_inner | {"epoch": 1, "update": 0.007, "loss": "13.781", "nll_loss": "13.787", "ppl": "14136.2", "wps": "514.4", "ups": "0.28", "wpb": "1878.5", "bsz": "58", "num_updates": "4", "lr": "1.33333e-05", "gnorm": "4.546", "train_wall": "15", "wall": "19"}
+2026-11-24 03:41:09 | INFO | train_inner | {"epoch": 1, "update": 0.014, "loss": "13.483", "nll_loss": "13.456", "ppl": "11233.9", "wps": "506.2", "ups": "0.3", "wpb": "1703.8", "bsz": "40", "num_updates": "8", "lr": "2.66667e-05", "gnorm": "4.505", "train_wall": "13", "wall": "32"}
+2026-11-24 03:41:39 | INFO | valid | {"epoch": 1, "valid_loss": "12.536", "valid_nll_loss": "12.404", "valid_ppl": "5418.53", "valid_wps": "976.3", "valid_wpb": "1313.8", "valid_bsz": "41.3", "valid_num_updates": "12"}
+2026-11-24 03:41:39 | INFO | train | {"epoch": 1, "train_loss": "13.421", "train_nll_loss": "13.387", "train_ppl": "10715.9", "train_wps": "343.3", "train_ups": "0.2", "train_wpb": "1728.7", "train_bsz": "47.3", "train_num_updates": "12", "train_lr": "4e-05", "train_gnorm": "4.298", "train_train_wall": "43", "train_wall": "63"}
+"""
+
+
+def test_fairseq_log_gives_train_inner_rates_and_dictionary_sizes():
+    """Lines as fairseq-train 0.12 logs them with --log-format json (epoch summaries are not windows)."""
+    import fairseq_peer
+
+    assert fairseq_peer.fairseq_rates(FAIRSEQ_LOG) == [514.4, 506.2]  # the train_inner lines only
+    assert fairseq_peer.dictionary_size(FAIRSEQ_LOG) == {"en": 8000, "es": 8000}
+
+
+def test_nmtkit_records_get_their_ratios_to_each_peer():
+    import train_speed
+
+    records = [{"toolkit": "nmtkit", "dtype": "bf16", "tgt_tok_s": 6000.0, "peak_rss_mib": 1000.0},
+               {"toolkit": "nmtkit", "dtype": "float32", "tgt_tok_s": 3000.0, "peak_rss_mib": 900.0},
+               {"toolkit": "joeynmt", "dtype": "float32", "tgt_tok_s": 600.0, "peak_rss_mib": 3000.0},
+               {"toolkit": "fairseq", "dtype": "float32", "tgt_tok_s": 1500.0, "peak_rss_mib": 1600.0}]
+    for record in records:
+        train_speed.compare_with_peers(record, records)
+    assert records[0] == {**records[0], "x_fairseq_tok_s": 4.0, "x_fairseq_rss": 0.62, "x_joeynmt_tok_s": 10.0}
+    assert "x_peer" not in records[0]  # no peer trained in bf16
+    assert (records[1]["x_peer"], records[1]["x_fairseq_tok_s"], records[1]["x_joeynmt_rss"]) == (2.0, 2.0, 0.3)
+    assert "x_fairseq_tok_s" not in records[3]
