@@ -255,11 +255,13 @@ def test_parallel_encoding_matches_single_process(tmp_path, monkeypatch):
                                    vocab_size=40, minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3)
     monkeypatch.setattr(prep.Encoder, "CHUNK_LINES", 37)
     models, pairs = (tmp_path / "m.model",) * 2, [(text, text[::-1]) for text in texts]
+    lines = [[f"{text}\n".encode() for text in side] for side in zip(*pairs)]
     with prep.Encoder(1) as one, prep.Encoder(2) as two:
-        single, parallel = (list(encoder.encode_pairs(models, pairs)) for encoder in (one, two))
+        single, parallel = (list(encoder.encode_pairs(models, lines)) for encoder in (one, two))
     assert len(single) == len(parallel) == -(-len(texts) // 37)  # chunks, in order
+    assert [line for chunk in single for line in chunk.tgt_lines] == lines[1]
     for a, b in zip(single, parallel):
-        assert a.pairs == b.pairs and all(np.array_equal(getattr(a, name), getattr(b, name))
+        assert (a.src_lines, a.tgt_lines) == (b.src_lines, b.tgt_lines) and all(np.array_equal(getattr(a, name), getattr(b, name))
                                           for name in ("src", "src_lengths", "tgt", "tgt_lengths"))
     vocab = Vocab(tmp_path / "m.model")
     flat = np.concatenate([chunk.tgt for chunk in single]).tolist()

@@ -1,6 +1,10 @@
 """SentencePiece encoding of a stream of sentence pairs for ``prepare``: chunks spread over
 worker processes, results as compact numpy arrays, in order, a bounded number in flight, written
-into a split's id file as they come (``encode_split``)."""
+into a split's id file as they come (``encode_split``).
+
+The pairs come as the raw lines of two text files nmtkit wrote itself (UTF-8, every line break
+inside a sentence made a space): the main process only reads and joins bytes, the workers decode
+them, and the lines kept are written back as they were read, never decoded and encoded again."""
 from __future__ import annotations
 
 import itertools
@@ -15,25 +19,28 @@ from nmtkit.data.vocab import Vocab
 from nmtkit.errors import DataError
 from nmtkit.specials import UNK
 
-Pair = tuple[str, str]
+Lines = tuple[Iterable[bytes], Iterable[bytes]]  # source and target lines, each ending in a newline
 
 
 @dataclass
 class EncodedPairs:
-    """A chunk of sentence pairs and their ids: per side one flat array and each sentence's length."""
+    """A chunk of sentence pairs, as their raw lines, and their ids: per side one flat array and
+    each sentence's length."""
 
-    pairs: list[Pair]
+    src_lines: list[bytes]
+    tgt_lines: list[bytes]
     src: np.ndarray  # int32 [tokens]
     src_lengths: np.ndarray  # int64 [len(pairs)]
     tgt: np.ndarray
     tgt_lengths: np.ndarray
 
     def __len__(self) -> int:
-        return len(self.pairs)
+        return len(self.src_lines)
 
     def select(self, keep: np.ndarray) -> "EncodedPairs":
         """The pairs where ``keep`` is true."""
-        return EncodedPairs(list(itertools.compress(self.pairs, keep)),
+        return EncodedPairs(list(itertools.compress(self.src_lines, keep)),
+                            list(itertools.compress(self.tgt_lines, keep)),
                             self.src[np.repeat(keep, self.src_lengths)], self.src_lengths[keep],
                             self.tgt[np.repeat(keep, self.tgt_lengths)], self.tgt_lengths[keep])
 
@@ -66,37 +73,41 @@ class Encoder:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def encode_pairs(self, models: tuple[Path, Path], pairs: Iterable[Pair]) -> Iterator[EncodedPairs]:
-        """``pairs`` in chunks with their ids (source side by ``models[0]``, target by ``models[1]``),
-        in order, with at most two chunks per worker in flight (bounded memory)."""
+    def encode_pairs(self, models: tuple[Path, Path], lines: Lines) -> Iterator[EncodedPairs]:
+        """The pairs of ``lines`` in chunks with their ids (source side by ``models[0]``, target by
+        ``models[1]``), in order, with at most two chunks per worker in flight (bounded memory)."""
         names = (str(models[0]), str(models[1]))
-        chunks = _chunks(pairs, self.CHUNK_LINES)
+        chunks = _chunks(lines, self.CHUNK_LINES)
         if self.pool is None:
-            yield from (EncodedPairs(chunk, *_encode_chunk(names, chunk)) for chunk in chunks)
+            yield from (EncodedPairs(*chunk, *_encode_chunk(names, *map(b"".join, chunk))) for chunk in chunks)
             return
         pending: list = []
-        for chunk in chunks:
-            pending.append((chunk, self.pool.submit(_encode_chunk, names, chunk)))
+        for chunk in chunks:  # one bytes object a side travels to the worker, not a string a sentence
+            pending.append((chunk, self.pool.submit(_encode_chunk, names, *map(b"".join, chunk))))
             if len(pending) >= 2 * self.workers:
                 done, future = pending.pop(0)
-                yield EncodedPairs(done, *future.result())
+                yield EncodedPairs(*done, *future.result())
         for done, future in pending:
-            yield EncodedPairs(done, *future.result())
+            yield EncodedPairs(*done, *future.result())
 
 
 _VOCABS: dict[str, Vocab] = {}  # per process: each worker loads a model once
 
 
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    items = iter(items)
-    while chunk := list(itertools.islice(items, size)):
-        yield chunk
+def _chunks(lines: Lines, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Up to ``size`` lines of each side at a time, as many of one side as of the other."""
+    src, tgt = map(iter, lines)
+    while all(chunk := (list(itertools.islice(src, size)), list(itertools.islice(tgt, size)))):
+        count = min(map(len, chunk))
+        yield chunk[0][:count], chunk[1][:count]
 
 
-def _encode_chunk(models: tuple[str, str], pairs: list[Pair]) -> tuple[np.ndarray, ...]:
-    """(source ids, source lengths, target ids, target lengths) of a chunk of pairs."""
+def _encode_chunk(models: tuple[str, str], src: bytes, tgt: bytes) -> tuple[np.ndarray, ...]:
+    """(source ids, source lengths, target ids, target lengths) of a chunk of pairs given as the
+    joined lines of each side."""
     out = []
-    for model, lines in zip(models, zip(*pairs)):
+    for model, raw in zip(models, (src, tgt)):
+        lines = raw.decode("utf-8").removesuffix("\n").split("\n")
         if model not in _VOCABS:
             _VOCABS[model] = Vocab(model)
         ids = _VOCABS[model].encode_batch(lines)
@@ -150,18 +161,19 @@ class Tally:
                 self.by_corpus[number]["kept"] += int(kept)
 
 
-def encode_split(encoder: Encoder, models, pairs: Iterable[Pair], writer: SplitWriter, tally: Tally, rules=None,
-                 advance: Callable[[int], None] = lambda n: None) -> Iterator[Pair]:
-    """``pairs`` encoded chunk by chunk into ``writer``, only those ``rules`` (length_filter) keep;
-    yields the text of the pairs written. A DataError when the rules keep none."""
-    for chunk in encoder.encode_pairs(models, pairs):
+def encode_split(encoder: Encoder, models, lines: Lines, writer: SplitWriter, tally: Tally, rules=None,
+                 advance: Callable[[int], None] = lambda n: None) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """The pairs of ``lines`` encoded chunk by chunk into ``writer``, only those ``rules``
+    (length_filter) keep; yields the lines of the pairs written, a chunk at a time. A DataError
+    when the rules keep none."""
+    for chunk in encoder.encode_pairs(models, lines):
         advance(len(chunk))
         corpus = tally.corpus_of(len(chunk))
         keep = tally.apply(rules, chunk, corpus)
         chunk, corpus = chunk.select(keep), None if corpus is None else corpus[keep]
         writer.add(chunk.src, chunk.src_lengths, chunk.tgt, chunk.tgt_lengths, corpus)
         tally.add(chunk, corpus)
-        yield from chunk.pairs
+        yield chunk.src_lines, chunk.tgt_lines
     if rules is not None and not tally.pairs:  # raised inside both writers: neither file is left behind
         counts = ", ".join(f"{rule} {count:,}" for rule, count in tally.dropped.items())
         raise DataError(f"no training pairs left after the length filters ({counts}; "

@@ -59,7 +59,7 @@ from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import consume, current_report, remove_leftovers, run_step
-from nmtkit.data.textfiles import read_pairs, read_text, write_pairs
+from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
 from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, train_spm
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import atomic_open, exclusive, sha256_file, write_text_if_changed
@@ -319,14 +319,13 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
         (out / f"train.{lang}").unlink(missing_ok=True)
     with Encoder(workers) as encoder, console.terminal_bar("encoding", lines) as advance, \
             SplitWriter(out / "train.npz", sizes, with_corpus=corpus_ends is not None) as writer:
-        kept = encode_split(encoder, models, read_pairs(out, "train.prefilter", _langs(data)), writer,
-                            tallies["train"], rules, advance)
-        files = write_pairs(out, "train", _langs(data), kept, compressed=True)
+        with open_lines(out, "train.prefilter", _langs(data)) as lines:
+            kept = encode_split(encoder, models, lines, writer, tallies["train"], rules, advance)
+            files = write_lines(out, "train", _langs(data), kept, compressed=True)
     with Encoder(1) as encoder:
         for split in ("dev", "test"):  # their text is written already: the pairs are only counted
-            with SplitWriter(out / f"{split}.npz", sizes) as writer:
-                pairs = read_pairs(out, split, _langs(data))
-                collections.deque(encode_split(encoder, models, pairs, writer, tallies[split]), 0)
+            with SplitWriter(out / f"{split}.npz", sizes) as writer, open_lines(out, split, _langs(data)) as lines:
+                collections.deque(encode_split(encoder, models, lines, writer, tallies[split]), 0)
     report = {"cleaning": tallies["train"].dropped, "files": files}
     for key in ("pairs", "tokens", "unknown"):
         report[key] = {split: getattr(tally, key) for split, tally in tallies.items()}

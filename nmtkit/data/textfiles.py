@@ -24,24 +24,48 @@ GZIP_LEVEL = 1
 _BREAKS_BUT_NEWLINE = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # and \n: what splitlines() splits on
 _LINE_BREAKS = re.compile(f"[\n{_BREAKS_BUT_NEWLINE}]")
 WRITE_PAIRS = 4096  # pairs written together
+READ_CHARS = 1 << 20  # characters read together
 
 
 def write_pairs(out: Path, stem: str, langs: tuple[str, str], pairs: Iterable[Pair],
                 compressed: bool = False) -> dict[str, dict]:
     """Write ``stem.SRC`` / ``stem.TGT`` (``.gz`` when ``compressed``) a block of lines at a time,
     line breaks inside a sentence made spaces; returns lines, bytes and sha256 of the text per file."""
+    pairs = iter(pairs)
+    blocks = ((len(block), *map(_lines_bytes, zip(*block)))
+              for block in iter(lambda: list(itertools.islice(pairs, WRITE_PAIRS)), []))
+    return _write_blocks(out, stem, langs, blocks, compressed)
+
+
+def write_lines(out: Path, stem: str, langs: tuple[str, str], chunks: Iterable[tuple[list[bytes], list[bytes]]],
+                compressed: bool = False) -> dict[str, dict]:
+    """``write_pairs`` for pairs given as the raw lines of text files nmtkit wrote (``open_lines``),
+    a chunk of lines of each side at a time: they are written as they are."""
+    blocks = ((len(src), b"".join(src), b"".join(tgt)) for src, tgt in chunks)
+    return _write_blocks(out, stem, langs, blocks, compressed)
+
+
+@contextlib.contextmanager
+def open_lines(out: Path, stem: str, langs: tuple[str, str]) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """``stem.SRC`` and ``stem.TGT`` open for reading as binary lines, each ending in a newline."""
+    with open(out / f"{stem}.{langs[0]}", "rb") as src, open(out / f"{stem}.{langs[1]}", "rb") as tgt:
+        yield src, tgt
+
+
+def _write_blocks(out: Path, stem: str, langs: tuple[str, str], blocks: Iterable[tuple[int, bytes, bytes]],
+                  compressed: bool) -> dict[str, dict]:
+    """Write (line count, source bytes, target bytes) blocks; lines, bytes and sha256 per file."""
     suffix = ".gz" if compressed else ""
     names = [f"{stem}.{lang}{suffix}" for lang in langs]
     digests = [hashlib.sha256(), hashlib.sha256()]
-    lines, sizes, pairs = 0, [0, 0], iter(pairs)
+    lines, sizes = 0, [0, 0]
     with _text_file(out / names[0], compressed) as src_file, _text_file(out / names[1], compressed) as tgt_file:
-        while block := list(itertools.islice(pairs, WRITE_PAIRS)):
-            for side, (handle, digest, texts) in enumerate(zip((src_file, tgt_file), digests, zip(*block))):
-                raw = _lines_bytes(texts)
+        for count, *raws in blocks:
+            for side, (handle, digest, raw) in enumerate(zip((src_file, tgt_file), digests, raws)):
                 handle.write(raw)
                 digest.update(raw)
                 sizes[side] += len(raw)
-            lines += len(block)
+            lines += count
     return {name: {"lines": lines, "bytes": size, "sha256": digest.hexdigest()}
             for name, size, digest in zip(names, sizes, digests)}
 
@@ -57,15 +81,17 @@ def _lines_bytes(texts: Sequence[str]) -> bytes:
 
 
 def read_text(*paths: Path) -> Iterator[str]:
-    """Lines of files nmtkit wrote itself (UTF-8, one sentence a line)."""
+    """Lines of files nmtkit wrote itself (UTF-8, one sentence a line), read a block at a time:
+    one split per block instead of a read and a strip per line."""
     for path in paths:
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                yield line.rstrip("\n")
-
-
-def read_pairs(out: Path, stem: str, langs: tuple[str, str]) -> Iterator[Pair]:
-    return zip(read_text(out / f"{stem}.{langs[0]}"), read_text(out / f"{stem}.{langs[1]}"))
+            rest = ""
+            while block := handle.read(READ_CHARS):
+                lines = (rest + block).split("\n")
+                rest = lines.pop()  # the part of a line the next block ends
+                yield from lines
+            if rest:
+                yield rest
 
 
 @contextlib.contextmanager
