@@ -1,6 +1,4 @@
 """The ``files`` source: parallel text files per split, and every error a user can cause."""
-import io
-
 import pytest
 
 from nmtkit.config import DataConfig
@@ -81,26 +79,3 @@ def test_missing_split_or_language_is_a_config_error(data):
     data.files["test"] = {"en": data.files["dev"]["en"]}
     with pytest.raises(ConfigError, match="data.files.test.es"):
         read_corpus(data)
-
-
-def test_streamed_blocks_decode_as_line_by_line(data, tmp_path, monkeypatch):
-    from nmtkit.files import decode_line
-
-    monkeypatch.setattr(files, "STREAM_LINES", 2)  # blocks end inside the file, and after a lone line
-    src = "\ufeffone\r\ntwo \r\r\nthree\u2028x\n\nfive\r".encode()
-    tgt = "uno\ndos\r\ntres\n\rcuatro\ncinco".encode()
-    (tmp_path / "train.en").write_bytes(src)
-    (tmp_path / "train.es").write_bytes(tgt)
-    expected = [(decode_line(s, "en", n), decode_line(t, "es", n))
-                for n, (s, t) in enumerate(zip(io.BytesIO(src), io.BytesIO(tgt)), 1)]
-    assert list(read_corpus(data).train) == expected == [
-        ("one", "uno"), ("two ", "dos"), ("three\u2028x", "tres"), ("", "\rcuatro"), ("five", "cinco")]
-
-
-def test_bad_utf8_in_a_later_block_names_the_first_bad_line_of_either_file(data, tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "STREAM_LINES", 2)
-    (tmp_path / "train.en").write_bytes(b"a\nb\nc\nd \xff\n")
-    (tmp_path / "train.es").write_bytes(b"w\nx\ny \xc3(\nz\n")
-    with pytest.raises(DataError, match=r"train\.es: line 3 is not valid UTF-8"):
-        list(read_corpus(data).train)
-

@@ -24,7 +24,6 @@ GZIP_LEVEL = 1
 _BREAKS_BUT_NEWLINE = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # and \n: what splitlines() splits on
 _LINE_BREAKS = re.compile(f"[\n{_BREAKS_BUT_NEWLINE}]")
 WRITE_PAIRS = 4096  # pairs written together
-READ_CHARS = 1 << 20  # characters read together
 
 
 def write_pairs(out: Path, stem: str, langs: tuple[str, str], pairs: Iterable[Pair],
@@ -81,17 +80,11 @@ def _lines_bytes(texts: Sequence[str]) -> bytes:
 
 
 def read_text(*paths: Path) -> Iterator[str]:
-    """Lines of files nmtkit wrote itself (UTF-8, one sentence a line), read a block at a time:
-    one split per block instead of a read and a strip per line."""
+    """Lines of files nmtkit wrote itself (UTF-8, one sentence a line)."""
     for path in paths:
         with open(path, encoding="utf-8") as handle:
-            rest = ""
-            while block := handle.read(READ_CHARS):
-                lines = (rest + block).split("\n")
-                rest = lines.pop()  # the part of a line the next block ends
-                yield from lines
-            if rest:
-                yield rest
+            for line in handle:
+                yield line.rstrip("\n")
 
 
 @contextlib.contextmanager

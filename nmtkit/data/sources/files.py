@@ -16,7 +16,6 @@ from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import decode_line, read_lines, shown_path
 
 SPLITS = ("train", "dev", "test")
-STREAM_LINES = 4096  # training lines decoded together
 
 
 def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]]:
@@ -67,40 +66,11 @@ def _read_pairs(src: Path, tgt: Path) -> list[Pair]:
 
 
 def _stream_pairs(src: Path, tgt: Path) -> Iterator[Pair]:
-    """Line pairs of two files read together, a block of lines at a time; a length mismatch is
-    found when one ends."""
-    lineno = 1
+    """Line pairs of two files read together; a length mismatch is found when one ends."""
     with open(src, "rb") as src_file, open(tgt, "rb") as tgt_file:
-        while True:
-            src_block, tgt_block = (list(itertools.islice(f, STREAM_LINES)) for f in (src_file, tgt_file))
-            common = min(len(src_block), len(tgt_block))
-            yield from _decode_pairs(src_block[:common], tgt_block[:common], (src, tgt), lineno)
-            lineno += common
-            if len(src_block) != len(tgt_block):
-                src_total = lineno - 1 + len(src_block) - common + sum(1 for _ in src_file)
-                tgt_total = lineno - 1 + len(tgt_block) - common + sum(1 for _ in tgt_file)
+        for lineno, (src_raw, tgt_raw) in enumerate(itertools.zip_longest(src_file, tgt_file), 1):
+            if src_raw is None or tgt_raw is None:
+                src_total = lineno - 1 + (src_raw is not None) + sum(1 for _ in src_file)
+                tgt_total = lineno - 1 + (tgt_raw is not None) + sum(1 for _ in tgt_file)
                 raise DataError(f"{src} has {src_total} lines but {tgt} has {tgt_total}")
-            if not src_block:
-                return
-
-
-def _decode_pairs(src_raw: list[bytes], tgt_raw: list[bytes], names: tuple[Path, Path], lineno: int) -> list[Pair]:
-    """A block of raw line pairs decoded as ``decode_line`` would, each side as one string; a block
-    with bytes that are not UTF-8 goes line by line, so the error names the first bad line."""
-    try:
-        return list(zip(*(_decode_block(raw, lineno) for raw in (src_raw, tgt_raw))))
-    except UnicodeDecodeError:
-        return [(decode_line(s, str(names[0]), number), decode_line(t, str(names[1]), number))
-                for number, (s, t) in enumerate(zip(src_raw, tgt_raw), lineno)]
-
-
-def _decode_block(raw: list[bytes], lineno: int) -> list[str]:
-    """Lines (each ending in a newline but perhaps the last) decoded as one: a UTF-8 newline byte is
-    never part of another character, so the text splits back into the same lines."""
-    text = b"".join(raw).decode("utf-8")
-    lines = text.removesuffix("\n").split("\n") if raw else []
-    if "\r" in text:
-        lines = [line.rstrip("\r") for line in lines]
-    if lineno == 1 and lines:
-        lines[0] = lines[0].removeprefix("\ufeff")
-    return lines
+            yield decode_line(src_raw, str(src), lineno), decode_line(tgt_raw, str(tgt), lineno)
