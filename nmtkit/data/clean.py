@@ -41,17 +41,20 @@ def normalize_batch(texts: Sequence[str]) -> list[str]:
     """``[normalize(t) for t in texts]``, about three times faster: a block of texts is joined by a
     NUL and normalised as one string (NFC never composes across the NUL), and when the block holds
     no whitespace but single spaces (C-speed substring searches tell), only a space at either end of
-    a text is left to strip. Other blocks, and texts that hold a NUL themselves, go one by one."""
+    a text is left to strip; other blocks split and join each text's words. Blocks with a text that
+    holds a NUL itself go one by one."""
     out: list[str] = []
     for start in range(0, len(texts), _BLOCK):
         block = texts[start:start + _BLOCK]
         joined = _SEPARATOR.join(block)
-        if joined.count(_SEPARATOR) == len(block) - 1:
-            joined = unicodedata.normalize("NFC", joined)
-            if not any(space in joined for space in _ODD_SPACES):
-                out += [text.strip(" ") for text in joined.split(_SEPARATOR)]
-                continue
-        out += [normalize(text) for text in block]
+        if joined.count(_SEPARATOR) != len(block) - 1:
+            out += [normalize(text) for text in block]
+            continue
+        composed = unicodedata.normalize("NFC", joined)
+        if any(space in composed for space in _ODD_SPACES):
+            out += [" ".join(text.split()) for text in composed.split(_SEPARATOR)]
+        else:
+            out += [text.strip(" ") for text in composed.split(_SEPARATOR)]
     return out
 
 
