@@ -209,7 +209,7 @@ def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     else:
         settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
                                                          "input_sentence_size")}
-        train = {name: info["sha256"] for name, info in fetch["files"].items() if name.startswith("train.prefilter.")}
+        train = {name: fetch["files"][name]["sha256"] for name in _fetched_train(cfg.data)}
         capped = _byte_capped_samples(cfg, fetch, out)
         if capped:  # recorded only where the byte cap binds, so stamps of smaller corpora stay as they were
             settings["sample_lines"] = capped
@@ -236,7 +236,8 @@ def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
     vocab, data = cfg.vocab, cfg.data
     capped = _byte_capped_samples(cfg, fetch, out)
     src_name = spm_files(vocab.joint)[0]
-    for name, texts in _spm_jobs(cfg).items():
+    jobs = _spm_jobs(cfg)
+    for name, texts in jobs.items():
         # a uniform sample of the whole corpus (not its first lines); only the sample is written for
         # SentencePiece, and a large one trains in a child process whose memory goes back before encoding
         total = sum(fetch["files"][text]["lines"] for text in texts)
@@ -246,7 +247,7 @@ def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
         with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
             train_spm(sample, out / name, vocab.size, vocab.type, vocab.character_coverage,
                       lines, reserved=data.tags if name == src_name else (), in_subprocess=large)
-    return list(_spm_jobs(cfg))
+    return list(jobs)
 
 
 def _spm_jobs(cfg: Config) -> dict[str, list[str]]:
