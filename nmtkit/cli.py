@@ -259,6 +259,30 @@ def sweep(
 
 
 @app.command(cls=_Command)
+def verses(
+    module: str = typer.Argument(..., help="Installed SWORD module, e.g. KJV (Debian sword-text-kjv).", show_default=False),
+    output: Optional[str] = opts.OUTPUT,
+    exclude: List[Path] = typer.Option([], "--exclude", metavar="<prepared dir>", show_default=False,
+                                       help="Leave out the dev and test verses of this prepared/ directory "
+                                            "(repeatable): another translation of them would leak their meaning."),
+    testament: str = typer.Option("all", "--testament", help="all, old or new."),
+    sword_path: Path = typer.Option(Path("/usr/share/sword"), "--sword-path", help="Where the modules are installed."),
+    refs: Optional[str] = typer.Option(None, "--refs", metavar="<path>", show_default=False,
+                                       help="Also write each verse's reference, line by line with the text."),
+) -> None:
+    """Write the verses of a SWORD Bible one a line: monolingual text for back-translation."""
+    from nmtkit.data.verses import export_verses
+
+    report = export_verses(module, output, exclude, testament, sword_path, refs)
+    dropped = ", ".join(f"{count:,} {why}" for why, count in report["dropped"].items() if count)
+    console = _console()
+    for note in report["notes"]:
+        console.warn(note)
+    console.info(f"{report['written']:,} verses of {module} written ({report['excluded']:,} held-out verses "
+                 f"left out{', ' + dropped + ' skipped' if dropped else ''})")
+
+
+@app.command(cls=_Command)
 def average(
     run_dir: Path = typer.Argument(..., help="Training run directory (holds checkpoints/)."),
     last: Optional[int] = typer.Option(None, "--last", min=1, show_default=False,

@@ -32,7 +32,8 @@ from nmtkit.errors import DataError
 from nmtkit.files import shown_path
 
 # The Debian packages that ship the modules the quickstart recipe uses.
-DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-sparv"}
+DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-sparv",
+                   "engKJV2006eb": "sword-text-kjv"}
 
 Ref = tuple[str, int, int]  # (book name as diatheke prints it, chapter, verse)
 
@@ -298,6 +299,14 @@ _KEY = re.compile(r"^(.*\S) (\d+):(\d+):")
 def read_verse_texts(modules: list[SwordModule]) -> list[dict[Ref, str | object]]:
     """For each module, {ref: plain text} in index order (``_LINKED`` for merged verses)."""
     return [_verse_texts(module, versification_keys(module.versification())) for module in modules]
+
+
+def module_texts(sword_path: Path, name: str) -> tuple[SwordModule, dict[Ref, str | None]]:
+    """One module and its verses by reference in index order: plain text, or None where the
+    module stores the verse merged with a neighbour (a linked range)."""
+    module = SwordModule(sword_path, name)
+    (texts,) = read_verse_texts([module])
+    return module, {ref: None if text is _LINKED else text for ref, text in texts.items()}
 
 
 def versification_keys(versification: str) -> list[Ref]:
