@@ -26,7 +26,7 @@ TEXTS = {("Genesis", 1, 1): "In the beginning.", ("Genesis", 1, 2): "", ("Genesi
 
 @pytest.fixture
 def fake_module(monkeypatch):
-    monkeypatch.setattr(sword, "module_texts", lambda path, name: (FakeModule(), dict(TEXTS)))
+    monkeypatch.setattr(sword, "module_texts", lambda path, name, setting: (FakeModule(), dict(TEXTS)))
 
 
 def write_manifest(directory: Path, provenance: dict) -> Path:
@@ -89,6 +89,13 @@ def test_bad_arguments_are_one_line_errors(tmp_path, fake_module, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     code, stdout, stderr = cli_in_process(monkeypatch, capsys, "verses", "X", *args)
     assert code == 2 and stdout == "" and message in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_module_names_the_option(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mods.d").mkdir()
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "verses", "engKJV2006eb", "--sword-path", str(tmp_path))
+    assert code == 2 and "engKJV2006eb not found" in stderr and "sword-text-kjv" in stderr
+    assert "or set --sword-path" in stderr and "data.sword_path" not in stderr
 
 
 @needs_modules

@@ -36,7 +36,7 @@ def heldout_refs(prepared: Path) -> tuple[set[str], set[str]]:
 def module_verses(sword_path: Path, name: str, testament: str = "all") -> tuple[list[sword.Ref], list[str], dict]:
     """The non-empty verses of one module in its index order, and a report: its versification
     and how many verses were left out why."""
-    module, texts = sword.module_texts(sword_path, name)
+    module, texts = sword.module_texts(sword_path, name, "--sword-path")
     refs, lines, dropped = [], [], {"empty": 0, "linked": 0}
     for ref, text in texts.items():
         if text is None:

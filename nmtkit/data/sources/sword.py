@@ -193,15 +193,15 @@ def _quotas(sizes: list[int], total: int) -> list[int]:
 class SwordModule:
     """One installed module: its .conf settings and raw verse entries by index."""
 
-    def __init__(self, sword_path: Path, name: str) -> None:
+    def __init__(self, sword_path: Path, name: str, setting: str = "data.sword_path") -> None:
         self.name = name
         self.sword_path = sword_path
         conf_path = _conf_path(sword_path, name)
         if conf_path is None:
             package = DEBIAN_PACKAGES.get(name)
             hint = f"install the Debian package {package}" if package else "install it with your SWORD installer"
-            raise DataError(f"SWORD module {name} not found under {shown_path(sword_path / 'mods.d', 'data.sword_path')}"
-                            f" ({hint}, or set data.sword_path)")
+            raise DataError(f"SWORD module {name} not found under {shown_path(sword_path / 'mods.d', setting)}"
+                            f" ({hint}, or set {setting})")
         self.conf = _parse_conf(conf_path)
         driver = self.conf.get("ModDrv", "")
         if driver not in _INDEX_FORMATS:
@@ -301,10 +301,11 @@ def read_verse_texts(modules: list[SwordModule]) -> list[dict[Ref, str | object]
     return [_verse_texts(module, versification_keys(module.versification())) for module in modules]
 
 
-def module_texts(sword_path: Path, name: str) -> tuple[SwordModule, dict[Ref, str | None]]:
+def module_texts(sword_path: Path, name: str, setting: str) -> tuple[SwordModule, dict[Ref, str | None]]:
     """One module and its verses by reference in index order: plain text, or None where the
-    module stores the verse merged with a neighbour (a linked range)."""
-    module = SwordModule(sword_path, name)
+    module stores the verse merged with a neighbour (a linked range). ``setting`` names where
+    ``sword_path`` came from, for the error when the module is missing."""
+    module = SwordModule(sword_path, name, setting)
     (texts,) = read_verse_texts([module])
     return module, {ref: None if text is _LINKED else text for ref, text in texts.items()}
 
