@@ -1,0 +1,111 @@
+"""Test and dev BLEU against updates, from long training runs: where two models cross.
+
+For each run (a work directory of `nmtkit run`, trained with a large ``train.keep_last``) and
+each requested step that has its checkpoints, the model a run of that many updates ends with is
+rebuilt (`nmtkit average --upto STEP`, the recipe's average of the last checkpoints), translates
+dev and test, and is scored. Points already in the output JSON are kept, so a run that was
+still training can be measured again later; the figure is redrawn from every point.
+
+    python benchmarks/learning_curve.py --run "LSTM=data/l-curve" --run "Transformer=data/t-curve" \\
+        --steps 600,1200,2400,4800 --out docs/bleu-vs-updates
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from common import REPO, child_env, load_average, machine, python
+
+from nmtkit.files import atomic_write_text
+
+
+def nmtkit(*args: str, threads: int) -> str:
+    done = subprocess.run([python(), "-m", "nmtkit", "-q", *args], capture_output=True, text=True,
+                          env=child_env(threads), cwd=REPO)
+    if done.returncode != 0:
+        sys.exit(f"nmtkit {' '.join(args)} failed: {done.stderr.strip()[-300:]}")
+    return done.stdout
+
+
+def has_step(workdir: Path, step: int, average: int) -> bool:
+    """The checkpoints the average of a ``step``-update run needs are all there."""
+    checkpoints = workdir / "train" / "checkpoints"
+    steps = sorted(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*") if p.name.split("_")[1].isdigit())
+    upto = [s for s in steps if s <= step]
+    return bool(upto) and upto[-1] == step and len(upto) >= average
+
+
+def measure(label: str, workdir: Path, step: int, out: Path, average: int, threads: int) -> dict:
+    model = out / "models" / f"{label}-{step}"
+    if not (model / "model.safetensors").exists():
+        nmtkit("average", str(workdir / "train"), "--last", str(average), "--upto", str(step), "-o", str(model),
+               threads=threads)
+    point = {"label": label, "step": step, "workdir": str(workdir), "load_average": load_average()}
+    src, tgt = _langs(workdir)
+    for split in ("dev", "test"):
+        hyp = out / "models" / f"{label}-{step}.{split}.hyp"
+        nmtkit("translate", "-m", str(model), "-i", str(workdir / "prepared" / f"{split}.{src}"), "-o", str(hyp),
+               threads=threads)
+        scores = json.loads(nmtkit("score", "-r", str(workdir / "prepared" / f"{split}.{tgt}"), "-i", str(hyp),
+                                   "--json", threads=threads))["scores"]
+        point[split] = {name: round(value["score"], 2) for name, value in scores.items()}
+    return point
+
+
+def _langs(workdir: Path) -> tuple[str, str]:
+    languages = json.loads((workdir / "prepared" / "manifest.json").read_text(encoding="utf-8"))["languages"]
+    return languages["src"], languages["tgt"]
+
+
+def plot(points: list[dict], path: Path) -> None:
+    from nmtkit.viz.figure import new_figure, save_figure
+
+    fig = new_figure(900, 560)
+    ax = fig.add_subplot(1, 1, 1)
+    for label in dict.fromkeys(p["label"] for p in points):
+        mine = sorted((p["step"], p["test"]["bleu"]) for p in points if p["label"] == label)
+        ax.plot([s for s, _ in mine], [b for _, b in mine], marker="o", label=label)
+        for step, bleu in mine:
+            ax.annotate(f"{bleu:.1f}", (step, bleu), textcoords="offset points", xytext=(4, -12), fontsize=8)
+    ax.set_xscale("log", base=2)
+    steps = sorted({p["step"] for p in points})
+    ax.set_xticks(steps, [f"{s:,}" for s in steps])
+    ax.set_xlabel("updates (each <= 2,048 target tokens)")
+    ax.set_ylabel("test BLEU (sacreBLEU)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (default: all cores)")
+    parser.add_argument("--run", action="append", default=[], metavar="LABEL=WORKDIR", help="a long run (repeatable)")
+    parser.add_argument("--steps", default="600,1200,2400,4800", help="updates to measure, comma-separated")
+    parser.add_argument("--average", type=int, default=3, help="checkpoints averaged (the recipes' average_last)")
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.png")
+    args = parser.parse_args()
+    runs = [item.split("=", 1) for item in args.run]
+    if any(len(run) != 2 for run in runs):
+        parser.error("--run takes LABEL=WORKDIR")
+    json_path, png_path = args.out.with_suffix(".json"), args.out.with_suffix(".png")
+    points = json.loads(json_path.read_text(encoding="utf-8"))["points"] if json_path.exists() else []
+    done = {(p["label"], p["step"]) for p in points}
+    for label, workdir in runs:
+        for step in (int(s) for s in args.steps.split(",")):
+            if (label, step) in done or not has_step(Path(workdir), step, args.average):
+                continue
+            points.append(measure(label, Path(workdir), step, args.out.parent, args.average, args.threads))
+            print(json.dumps(points[-1]), flush=True)
+            atomic_write_text(json_path, json.dumps({"machine": machine(), "points": points}, indent=1) + "\n")
+    if points:
+        plot(points, png_path)
+        print(f"wrote {json_path} and {png_path}")
+
+
+if __name__ == "__main__":
+    main()
