@@ -69,7 +69,7 @@ def test_the_bidirectional_recipe_loads_and_dry_runs(tmp_path, monkeypatch, caps
     code, _, err = cli_in_process(monkeypatch, capsys, "train", str(REPO / "recipes" / "quickstart-bidirectional.yaml"),
                                   "--dry-run", f"workdir={tmp_path}")
     assert code == 0, err
-    assert "7,577,600" in err  # the quickstart's model: the same parameters
+    assert "7,578,624" in err  # the quickstart's model (pre-norm: two final norms more than the paper's)
 
 
 # --- prepare: tags, per-corpus counts, corpus of each pair -------------------------------------
