@@ -39,15 +39,15 @@ def has_step(workdir: Path, step: int, average: int) -> bool:
     return bool(upto) and upto[-1] == step and len(upto) >= average
 
 
-def measure(label: str, workdir: Path, step: int, out: Path, average: int, threads: int) -> dict:
-    model = out / "models" / f"{label}-{step}"
+def measure(label: str, workdir: Path, step: int, models: Path, average: int, threads: int) -> dict:
+    model = models / f"{label}-{step}"
     if not (model / "model.safetensors").exists():
         nmtkit("average", str(workdir / "train"), "--last", str(average), "--upto", str(step), "-o", str(model),
                threads=threads)
     point = {"label": label, "step": step, "workdir": str(workdir), "load_average": load_average()}
     src, tgt = _langs(workdir)
     for split in ("dev", "test"):
-        hyp = out / "models" / f"{label}-{step}.{split}.hyp"
+        hyp = models / f"{label}-{step}.{split}.hyp"
         nmtkit("translate", "-m", str(model), "-i", str(workdir / "prepared" / f"{split}.{src}"), "-o", str(hyp),
                threads=threads)
         scores = json.loads(nmtkit("score", "-r", str(workdir / "prepared" / f"{split}.{tgt}"), "-i", str(hyp),
@@ -88,6 +88,8 @@ def main() -> None:
     parser.add_argument("--steps", default="600,1200,2400,4800", help="updates to measure, comma-separated")
     parser.add_argument("--average", type=int, default=3, help="checkpoints averaged (the recipes' average_last)")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.png")
+    parser.add_argument("--models", type=Path, default=REPO / "benchmarks" / "out" / "learning_curve",
+                        help="where the averaged models and their translations go")
     args = parser.parse_args()
     runs = [item.split("=", 1) for item in args.run]
     if any(len(run) != 2 for run in runs):
@@ -99,7 +101,7 @@ def main() -> None:
         for step in (int(s) for s in args.steps.split(",")):
             if (label, step) in done or not has_step(Path(workdir), step, args.average):
                 continue
-            points.append(measure(label, Path(workdir), step, args.out.parent, args.average, args.threads))
+            points.append(measure(label, Path(workdir), step, args.models, args.average, args.threads))
             print(json.dumps(points[-1]), flush=True)
             atomic_write_text(json_path, json.dumps({"machine": machine(), "points": points}, indent=1) + "\n")
     if points:
