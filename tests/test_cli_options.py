@@ -88,6 +88,7 @@ def base_invocation(command: str, s: dict) -> tuple[dict[str, list[str]], list[s
         "attention": ({"--model": [model], "--format": ["json"], "--beam-size": ["1"]}, ["a b c"]),
         "info": ({}, [model]),
         "export": ({"--output": ["exported"]}, [model]),
+        "verses": ({"--output": ["verses.txt"], "--testament": ["new"]}, ["engWEB2015eb"]),  # the quickstart's module
     }[command]
 
 
