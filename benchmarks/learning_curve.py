@@ -33,9 +33,9 @@ def nmtkit(*args: str, threads: int) -> str:
 
 def has_step(workdir: Path, step: int, average: int) -> bool:
     """The checkpoints the average of a ``step``-update run needs are all there."""
-    checkpoints = workdir / "train" / "checkpoints"
-    steps = sorted(int(p.name.split("_")[1]) for p in checkpoints.glob("step_*") if p.name.split("_")[1].isdigit())
-    upto = [s for s in steps if s <= step]
+    from nmtkit.training.checkpoint import checkpoint_dirs, checkpoint_step
+
+    upto = sorted(s for s in map(checkpoint_step, checkpoint_dirs(workdir / "train")) if s <= step)
     return bool(upto) and upto[-1] == step and len(upto) >= average
 
 
