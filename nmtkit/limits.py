@@ -71,6 +71,7 @@ RANGES: dict[str, Bound] = {
     "vocab.character_coverage": Bound(0, 1, low_open=True),
     "vocab.input_sentence_size": Bound(0, 10**9), "vocab.input_bytes": Bound(0, 10**13), "vocab.workers": Bound(0, 1024),
     "model.d_model": WIDTH, "model.ffn_dim": Bound(1, 16 * MAX_DIM), "model.heads": Bound(1, 1024),
+    "model.key_dim": Bound(0, MAX_DIM),
     "model.encoder_layers": Bound(1, 1000), "model.decoder_layers": Bound(1, 1000),
     "model.dropout": FRACTION, "model.attention_dropout": FRACTION, "model.activation_dropout": FRACTION,
     "model.max_positions": Bound(1, 1_000_000),

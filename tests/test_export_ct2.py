@@ -98,7 +98,8 @@ def test_unsupported_models_and_plain_directories_are_one_line_errors(reversal_s
 
 
 @pytest.mark.parametrize("setting, named", [(dict(positions="alibi"), "model.positions=alibi"),
-                                            (dict(moe_experts=2, moe_top_k=1), "model.moe_experts=2")])
+                                            (dict(moe_experts=2, moe_top_k=1), "model.moe_experts=2"),
+                                            (dict(key_dim=4), "model.key_dim=4")])
 def test_settings_ctranslate2_cannot_hold_are_refused_by_name(setting, named, reversal_spm, tmp_path):
     from nmtkit.data.vocab import Vocab
     from nmtkit.models.build import build_model

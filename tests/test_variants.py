@@ -21,6 +21,8 @@ MOES = {"dense": {}, "moe-top2": dict(moe_experts=4, moe_top_k=2),
         "moe-top1-every2-capacity": dict(moe_experts=3, moe_top_k=1, moe_every=2, moe_capacity_factor=1.0)}
 COMBOS = [pytest.param(dict(positions=p, ffn=f, **MOES[m]), id=f"{p}-{f}-{m}")
           for p, f, m in itertools.product(POSITIONS, FFNS, MOES)]
+# queries and keys narrower or wider than the values (d_model / heads = 8 in tiny_cfg)
+COMBOS += [pytest.param(dict(positions=p, key_dim=k), id=f"{p}-key_dim{k}") for p, k in itertools.product(POSITIONS, (4, 12))]
 
 
 def tiny_cfg(**kw) -> ModelConfig:
@@ -312,10 +314,53 @@ def test_active_parameters_count_the_routed_experts_only():
     assert dense.active_parameters() == dense.num_parameters()
 
 
+def test_key_dim_attention_matches_the_formula_and_only_q_k_shrink():
+    """softmax(q k^T / sqrt(d_k)) v per head, with q and k of d_k and v of d_model / heads."""
+    from nmtkit.models.layers import Attention
+
+    torch.manual_seed(0)
+    dim, heads, key_dim = 16, 2, 3
+    attn = Attention(dim, heads, key_dim=key_dim).eval()
+    x = torch.randn(2, 5, dim)
+    q, k, v = attn.project_qkv(x)
+    assert q.shape == k.shape == (2, heads, 5, key_dim) and v.shape == (2, heads, 5, dim // heads)
+    out = attn.attend(q, k, v)
+    w = attn.qkv_proj.weight
+    wq, wk, wv = w[:heads * key_dim], w[heads * key_dim:2 * heads * key_dim], w[2 * heads * key_dim:]
+    bq, bk, bv = attn.qkv_proj.bias.split([heads * key_dim, heads * key_dim, dim])
+    expected = []
+    for h in range(heads):
+        qh = (x @ wq.T + bq)[..., h * key_dim:(h + 1) * key_dim]
+        kh = (x @ wk.T + bk)[..., h * key_dim:(h + 1) * key_dim]
+        vh = (x @ wv.T + bv)[..., h * 8:(h + 1) * 8]
+        expected.append(torch.softmax(qh @ kh.transpose(1, 2) / math.sqrt(key_dim), -1) @ vh)
+    expected = attn.out_proj(torch.cat(expected, -1))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_key_dim_changes_only_the_query_and_key_projections():
+    """The paper's Table 3 row (B): d_k 16 or 32 at 8 heads takes 65M to 58M / 60M; here the
+    same 2 x (d + 1) x (d - heads x d_k) fewer weights in each of the 18 attentions."""
+    from nmtkit.config import from_dict
+
+    def size(**kw):
+        cfg = from_dict({"data": {"source": "hf"}, "model": {"preset": "transformer-base", **kw}}).model
+        return build_model(cfg, 37000, 37000).num_parameters()
+
+    base = size()
+    assert base == 63_082_496
+    assert size(key_dim=64) == base
+    for key_dim in (16, 32):
+        assert size(key_dim=key_dim) == base - 18 * 2 * 513 * (512 - 8 * key_dim)
+    assert size(key_dim=16) == 55_990_784  # ~58M with the paper's larger vocabulary
+
+
 @pytest.mark.parametrize("overrides, fragment", [
     ({"moe_experts": 2, "moe_top_k": 3}, "model.moe_top_k"),
     ({"moe_experts": 2, "moe_every": 0}, "model.moe_every"),
     ({"positions": "rope", "d_model": 18, "heads": 2, "ffn_dim": 8}, "must be even"),
+    ({"positions": "rope", "key_dim": 5}, r"model.key_dim \(5\) must be even"),
+    ({"key_dim": -1}, "model.key_dim"),
     ({"positions": "absolute"}, "model.positions"),
 ])
 def test_bad_variant_settings_are_config_errors(overrides, fragment):

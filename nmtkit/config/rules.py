@@ -151,7 +151,8 @@ def estimated_parameters(cfg: Config) -> int:
     if m.arch == "transformer":
         d, ffn = m.d_model, m.ffn_dim
         ffn *= max(m.moe_experts, 1)  # every layer counted as MoE: an upper estimate
-        layers = m.encoder_layers * (4 * d * d + 3 * d * ffn) + m.decoder_layers * (8 * d * d + 3 * d * ffn)
+        attention = 2 * d * d + 2 * d * max(d, m.heads * m.key_dim)  # v and output + q and k
+        layers = m.encoder_layers * (attention + 3 * d * ffn) + m.decoder_layers * (2 * attention + 3 * d * ffn)
         return 3 * vocab * d + layers + m.max_positions * d
     e, h = m.embed_dim, m.hidden_dim
     return 3 * vocab * max(e, h) + (m.encoder_layers + m.decoder_layers) * 8 * (e + 3 * h) * 2 * h
@@ -176,9 +177,9 @@ def validate(cfg: Config) -> Config:
     if m.moe_experts and not 1 <= m.moe_top_k <= m.moe_experts:
         raise ConfigError(f"model.moe_top_k must be between 1 and model.moe_experts ({m.moe_experts}), "
                           f"got {m.moe_top_k}")
-    if m.arch == "transformer" and m.positions == "rope" and (m.d_model // m.heads) % 2:
-        raise ConfigError(f"model.positions=rope rotates pairs of dimensions: d_model / heads "
-                          f"({m.d_model // m.heads}) must be even")
+    if m.arch == "transformer" and m.positions == "rope" and (m.key_dim or m.d_model // m.heads) % 2:
+        size = f"model.key_dim ({m.key_dim})" if m.key_dim else f"d_model / heads ({m.d_model // m.heads})"
+        raise ConfigError(f"model.positions=rope rotates pairs of dimensions: {size} must be even")
     if m.tie_embeddings == "all" and not cfg.vocab.joint:
         raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
     if estimated_parameters(cfg) > MAX_PARAMETERS:

@@ -102,6 +102,7 @@ class ModelConfig:
     d_model: int = 512
     ffn_dim: int = 2048
     heads: int = 8
+    key_dim: int = 0  # per-head size of queries and keys (the paper's d_k, Table 3 row B); 0 = d_model / heads
     encoder_layers: int = 6
     decoder_layers: int = 6
     dropout: float = 0.1
@@ -138,7 +139,7 @@ class ModelConfig:
 
 # the model keys only one architecture reads; every other key is shared (tests/test_config_arch.py)
 ARCH_KEYS: dict[str, tuple[str, ...]] = {
-    "transformer": ("preset", "d_model", "ffn_dim", "heads", "attention_dropout", "activation_dropout", "pre_norm",
+    "transformer": ("preset", "d_model", "ffn_dim", "heads", "key_dim", "attention_dropout", "activation_dropout", "pre_norm",
                     "norm", "ffn", "max_positions", "positions", "moe_experts", "moe_top_k", "moe_every",
                     "moe_aux_weight", "moe_z_weight", "moe_capacity_factor"),
     "rnn": ("cell", "embed_dim", "hidden_dim", "bidirectional", "merge", "attention", "input_feed"),

@@ -42,6 +42,7 @@ from nmtkit.models.positions import ROPE_BASE
 UNSUPPORTED = {  # setting -> why CTranslate2's TransformerSpec cannot hold it (ctranslate2 4.x)
     "positions=alibi": "its TransformerEncoderSpec has no ALiBi (only its decoder does)",
     "moe_experts": "its encoder and decoder layers have one dense feed-forward network, no experts",
+    "key_dim": "its attention has one head size for queries, keys and values (d_model / heads)",
 }
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 META = "nmtkit.json"  # our metadata beside CTranslate2's config.json
@@ -94,6 +95,8 @@ def unsupported_setting(cfg) -> Optional[str]:
         return f"model.positions=alibi: {UNSUPPORTED['positions=alibi']}"
     if cfg.moe_experts:
         return f"model.moe_experts={cfg.moe_experts}: {UNSUPPORTED['moe_experts']}"
+    if cfg.key_dim and cfg.key_dim != cfg.d_model // cfg.heads:
+        return f"model.key_dim={cfg.key_dim}: {UNSUPPORTED['key_dim']}"
     return None
 
 

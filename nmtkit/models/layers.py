@@ -79,41 +79,45 @@ class Attention(nn.Module):
 
     Self-attention projects q, k, v with one fused matrix; cross-attention projects
     k, v of the memory once per sentence (``project_kv``) and reuses them every step.
+    ``key_dim`` is the per-head size of queries and keys (the paper's d_k, Table 3 row B);
+    0 keeps d_k = d_v = dim / heads. Values and the output always keep dim / heads per head.
     """
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0, cross: bool = False) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, cross: bool = False, key_dim: int = 0) -> None:
         super().__init__()
         self.heads, self.head_dim, self.dropout = heads, dim // heads, dropout
+        self.key_dim = key_dim or self.head_dim
+        self.sizes = (heads * self.key_dim, heads * self.key_dim, dim)  # q, k, v widths
         if cross:
-            self.q_proj = nn.Linear(dim, dim)
-            self.kv_proj = nn.Linear(dim, 2 * dim)
+            self.q_proj = nn.Linear(dim, self.sizes[0])
+            self.kv_proj = nn.Linear(dim, self.sizes[1] + dim)
         else:
-            self.qkv_proj = nn.Linear(dim, 3 * dim)
+            self.qkv_proj = nn.Linear(dim, sum(self.sizes))
         self.out_proj = nn.Linear(dim, dim)
 
     def _split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        return x.view(b, t, self.heads, -1).transpose(1, 2)  # (B, H, T, Dk or Dh)
 
     def _merge(self, x: Tensor) -> Tensor:
         b, _, t, _ = x.shape
-        return x.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)  # (B, T, D)
+        return x.transpose(1, 2).reshape(b, t, -1)  # (B, T, D)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Memory [B, S, D] -> keys, values [B, H, S, Dh] (cross-attention only)."""
-        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        """Memory [B, S, D] -> keys [B, H, S, Dk], values [B, H, S, Dh] (cross-attention only)."""
+        k, v = self.kv_proj(memory).split(self.sizes[1:], dim=-1)
         return self._split(k), self._split(v)
 
     def project_qkv(self, x: Tensor, rotary: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention q, k, v [B, H, T, Dh]; with RoPE tables, q and k come out rotated."""
-        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        """Self-attention q, k [B, H, T, Dk] and v [B, H, T, Dh]; with RoPE tables, q and k come out rotated."""
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         q, k, v = self._split(q), self._split(k), self._split(v)
         if rotary is not None:
             q, k = rotate(q, rotary), rotate(k, rotary)
         return q, k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
-        """q [B, H, T, Dh], k/v [B, H, S, Dh], mask broadcastable to [B, H, T, S]: bool (True =
+        """q [B, H, T, Dk], k [B, H, S, Dk], v [B, H, S, Dh], mask broadcastable to [B, H, T, S]: bool (True =
         attend) or an additive float bias."""
         p = self.dropout if self.training else 0.0
         out = sdpa(q, k, v, mask, p, causal and mask is None)
@@ -121,7 +125,7 @@ class Attention(nn.Module):
 
     def weights(self, q: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tensor:
         """Explicit attention probabilities [B, H, T, S] (for alignments and plots)."""
-        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(self.head_dim)
+        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(self.key_dim)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(-1)

@@ -97,11 +97,12 @@ class Positions(nn.Module):
     """The position scheme of one Transformer: what embeddings get, and what each
     self-attention gets (a mask or additive bias, and RoPE tables)."""
 
-    def __init__(self, kind: str, max_positions: int, dim: int, heads: int) -> None:
+    def __init__(self, kind: str, max_positions: int, dim: int, heads: int, key_dim: int = 0) -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"unknown positions {kind!r}")
-        self.kind, self.heads, self.head_dim = kind, heads, dim // heads
+        self.kind, self.heads = kind, heads
+        self.rotary_dim = key_dim or dim // heads  # RoPE rotates queries and keys
         if kind == "sinusoidal":
             self.register_buffer("table", sinusoidal_positions(max_positions, dim), persistent=False)
         elif kind == "learned":  # one table per side, at the sinusoid's scale (variance 1/2)
@@ -148,4 +149,4 @@ class Positions(nn.Module):
         return None, self._rotary(queries)
 
     def _rotary(self, positions: Tensor) -> Optional[tuple[Tensor, Tensor]]:
-        return rotary_tables(positions, self.head_dim) if self.kind == "rope" else None
+        return rotary_tables(positions, self.rotary_dim) if self.kind == "rope" else None

@@ -25,12 +25,12 @@ from nmtkit.specials import PAD
 
 @dataclasses.dataclass
 class TransformerEncoderOut(EncoderOut):
-    cross_kv: list  # per decoder layer: (keys, values), each [B, H, S, Dh]
+    cross_kv: list  # per decoder layer: (keys [B, H, S, Dk], values [B, H, S, Dh])
 
 
 @dataclasses.dataclass
 class TransformerState(Selectable):
-    self_kv: list  # per decoder layer: (keys, values), each [rows, H, t, Dh]
+    self_kv: list  # per decoder layer: (keys [rows, H, t, Dk], values [rows, H, t, Dh])
     step: int = 0
     attn: Optional[Tensor] = None  # [rows, S] cross-attention of the last layer, head-averaged
 
@@ -61,7 +61,7 @@ def feed_forward(ffn: nn.Module, x: Tensor, keep: Optional[Tensor], router_stats
 class EncoderLayer(nn.Module):
     def __init__(self, cfg, index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_dim)
         self.ffn = make_ffn(cfg, index, "encoder")
         self.attn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
@@ -76,8 +76,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True)
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_dim)
+        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True, key_dim=cfg.key_dim)
         self.ffn = make_ffn(cfg, index, "decoder")
         self.self_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.cross_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
@@ -86,12 +86,13 @@ class DecoderLayer(nn.Module):
     def cross(self, x: Tensor, kv: tuple[Tensor, Tensor], src_mask: Tensor, need_attn: bool):
         """Cross-attention of x [N, T, D] where N = B * beam, against memory kv of B rows."""
         keys, values = kv
-        batch, heads, _, head_dim = keys.shape
+        batch, heads, _, key_dim = keys.shape
+        head_dim = values.size(-1)
         beam = x.size(0) // batch
-        q = self.cross_attn._split(self.cross_attn.q_proj(self.cross_block.inputs(x)))  # (N, H, T, Dh)
+        q = self.cross_attn._split(self.cross_attn.q_proj(self.cross_block.inputs(x)))  # (N, H, T, Dk)
         t = q.size(2)
-        # group the beam hypotheses of a sentence as extra queries: (B, H, beam*T, Dh)
-        q = q.view(batch, beam, heads, t, head_dim).transpose(1, 2).reshape(batch, heads, beam * t, head_dim)
+        # group the beam hypotheses of a sentence as extra queries: (B, H, beam*T, Dk)
+        q = q.view(batch, beam, heads, t, key_dim).transpose(1, 2).reshape(batch, heads, beam * t, key_dim)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         attn = None
         if need_attn:
@@ -131,7 +132,7 @@ class Transformer(Seq2Seq):
         else:
             self.tgt_embed = nn.Embedding(tgt_vocab_size, d, padding_idx=PAD)
         self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
-        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads)
+        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads, cfg.key_dim)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.decoder_layers))
@@ -192,8 +193,9 @@ class Transformer(Seq2Seq):
     def init_state(self, enc: EncoderOut, beam: int = 1) -> TransformerState:
         rows = enc.src_mask.size(0) * beam
         heads, head_dim = self.cfg.heads, self.cfg.d_model // self.cfg.heads
-        empty = enc.memory.new_zeros(rows, heads, 0, head_dim)
-        return TransformerState(self_kv=[(empty, empty) for _ in self.decoder], step=0)
+        keys = enc.memory.new_zeros(rows, heads, 0, self.cfg.key_dim or head_dim)
+        values = enc.memory.new_zeros(rows, heads, 0, head_dim)
+        return TransformerState(self_kv=[(keys, values) for _ in self.decoder], step=0)
 
     def decode_step(self, prev: Tensor, enc: TransformerEncoderOut, state: TransformerState,
                     need_attn: bool = False) -> tuple[Tensor, TransformerState]:

@@ -27,10 +27,13 @@ def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], dev
     active = model.active_parameters()
     table.add_row("parameters: active per token", f"{active:,}")
     m = cfg.model
-    dims = (f"d {m.d_model}, ffn {m.ffn_dim} ({m.ffn}), heads {m.heads}, layers {m.encoder_layers}+{m.decoder_layers}, "
-            f"{m.positions} positions" + (f", MoE {m.moe_experts} experts top-{m.moe_top_k} every {m.moe_every}"
-                                          if m.moe_experts else "")
-            if m.arch == "transformer" else f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}")
+    if m.arch == "transformer":
+        key_size = f" (d_k {m.key_dim})" if m.key_dim else ""
+        moe = f", MoE {m.moe_experts} experts top-{m.moe_top_k} every {m.moe_every}" if m.moe_experts else ""
+        dims = (f"d {m.d_model}, ffn {m.ffn_dim} ({m.ffn}), heads {m.heads}{key_size}, "
+                f"layers {m.encoder_layers}+{m.decoder_layers}, {m.positions} positions{moe}")
+    else:
+        dims = f"{m.cell} embed {m.embed_dim}, hidden {m.hidden_dim}, attention {m.attention}"
     table.add_row("dims", dims)
     table.add_row("vocab (src / tgt)", f"{vocab_sizes[0]} / {vocab_sizes[1]}")
     update_freq = dist.local_update_freq(cfg.train)
