@@ -2,9 +2,9 @@
 next to the row of "Attention Is All You Need", Table 3, that changes the same setting the same way.
 
 Reads the sweep's results.json and prints a markdown table: the paper's setting and its dev BLEU
-(newstest2013, tokenized) with the change against its base row, then ours (dev BLEU on the held-out
-Bible verses, its change against our base, test BLEU, the paired-bootstrap p of test BLEU against
-our base, parameters). Rows not yet run print as pending.
+(newstest2013, tokenized) with the change against its base row, then ours (final dev loss, dev BLEU
+on the held-out Bible verses and its change against our base, test BLEU, the paired-bootstrap p of
+test BLEU against our base, parameters). Rows not yet run print as pending.
 
     python benchmarks/table3_mini.py data/sweeps/table3-mini/results.json > recipes/sweeps/table3-mini.results.md
 """
@@ -73,18 +73,19 @@ def paper_cells(row: str | None) -> list[str]:
 def our_cells(result: dict | None, base: dict | None) -> list[str]:
     if not result or result.get("status") != "done":
         params = f"{result['parameters'] / 1e6:.1f}M" if result else "—"
-        return ["pending", "—", "—", params]
+        return ["pending", "—", "—", "—", params]
     delta = f" ({signed(result['dev_bleu'] - base['dev_bleu'])})" if base and result is not base else ""
     p = result.get("p_value")
-    return [f"{result['dev_bleu']:.2f}{delta}", f"{result['test_bleu']:.2f}",
+    return [f"{result['dev_loss']:.2f}", f"{result['dev_bleu']:.2f}{delta}", f"{result['test_bleu']:.2f}",
             "—" if p is None else f"{p:.3f}", f"{result['parameters'] / 1e6:.1f}M"]
 
 
 def table(results: dict) -> str:
     by_name = {v["name"]: v for v in results["variants"]}
     base = by_name.get("base") if by_name.get("base", {}).get("status") == "done" else None
-    lines = ["| row | nmtkit setting | dev BLEU (Δ base) | test BLEU | p | params | paper's setting | paper dev BLEU (Δ base), params |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | nmtkit setting | dev loss | dev BLEU (Δ base) | test BLEU | p | params "
+             "| paper's setting | paper dev BLEU (Δ base), params |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, letter, words, row in OURS:
         paper = [PAPER_BASE[0], f"{PAPER_BASE[2]}, {PAPER_BASE[3]}M"] if name == "base" else paper_cells(row)
         lines.append("| " + " | ".join([letter, words, *our_cells(by_name.get(name), base), *paper]) + " |")

@@ -265,12 +265,12 @@ def test_table3_mini_places_every_variant_of_the_shipped_sweep_beside_the_paper(
     sweep = load_sweep(BENCHMARKS.parent / "recipes" / "sweeps" / "table3-mini.yaml")
     assert [v.name for v in sweep.variants] == [name for name, *_ in table3_mini.OURS]
     rows = [{"name": v.name, "status": "pending", "parameters": 7_577_600} for v in sweep.variants]
-    rows[0].update(status="done", dev_bleu=19.0, test_bleu=17.13, p_value=None)
-    rows[1].update(status="done", dev_bleu=17.5, test_bleu=16.0, p_value=0.004)
+    rows[0].update(status="done", dev_loss=3.1234, dev_bleu=19.0, test_bleu=17.13, p_value=None)
+    rows[1].update(status="done", dev_loss=3.3, dev_bleu=17.5, test_bleu=16.0, p_value=0.004)
     lines = table3_mini.table({"variants": rows}).splitlines()
     assert len(lines) == 2 + len(rows)
-    assert "| base | d 256" in lines[2] and "| 19.00 | 17.13 | — | 7.6M |" in lines[2] and "25.8, 65M |" in lines[2]
-    assert "| A | 1 head of 256 | 17.50 (−1.5) | 16.00 | 0.004 | 7.6M | 1 head of 512 | 24.9 (−0.9), 65M |" == lines[3]
-    assert "| pending | — | — | 7.6M |" in lines[4]
+    assert "| base | d 256" in lines[2] and "| 3.12 | 19.00 | 17.13 | — | 7.6M |" in lines[2] and "25.8, 65M |" in lines[2]
+    assert "| A | 1 head of 256 | 3.30 | 17.50 (−1.5) | 16.00 | 0.004 | 7.6M | 1 head of 512 | 24.9 (−0.9), 65M |" == lines[3]
+    assert "| pending | — | — | — | 7.6M |" in lines[4]
     with pytest.raises(SystemExit, match="does not place: extra"):
         table3_mini.table({"variants": rows + [{"name": "extra", "status": "pending", "parameters": 1}]})
