@@ -177,7 +177,7 @@ def validate(cfg: Config) -> Config:
     if m.moe_experts and not 1 <= m.moe_top_k <= m.moe_experts:
         raise ConfigError(f"model.moe_top_k must be between 1 and model.moe_experts ({m.moe_experts}), "
                           f"got {m.moe_top_k}")
-    if m.arch == "transformer" and m.positions == "rope" and (m.key_dim or m.d_model // m.heads) % 2:
+    if m.arch == "transformer" and m.positions == "rope" and m.key_size % 2:
         size = f"model.key_dim ({m.key_dim})" if m.key_dim else f"d_model / heads ({m.d_model // m.heads})"
         raise ConfigError(f"model.positions=rope rotates pairs of dimensions: {size} must be even")
     if m.tie_embeddings == "all" and not cfg.vocab.joint:

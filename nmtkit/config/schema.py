@@ -136,6 +136,11 @@ class ModelConfig:
         """The model dimension (the noam schedule scales its rate by width ** -0.5)."""
         return self.d_model if self.arch == "transformer" else self.hidden_dim
 
+    @property
+    def key_size(self) -> int:
+        """The per-head size of queries and keys: ``key_dim``, or d_model / heads when 0."""
+        return self.key_dim or self.d_model // self.heads
+
 
 # the model keys only one architecture reads; every other key is shared (tests/test_config_arch.py)
 ARCH_KEYS: dict[str, tuple[str, ...]] = {

@@ -95,7 +95,7 @@ def unsupported_setting(cfg) -> Optional[str]:
         return f"model.positions=alibi: {UNSUPPORTED['positions=alibi']}"
     if cfg.moe_experts:
         return f"model.moe_experts={cfg.moe_experts}: {UNSUPPORTED['moe_experts']}"
-    if cfg.key_dim and cfg.key_dim != cfg.d_model // cfg.heads:
+    if cfg.key_size != cfg.d_model // cfg.heads:
         return f"model.key_dim={cfg.key_dim}: {UNSUPPORTED['key_dim']}"
     return None
 

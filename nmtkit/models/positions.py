@@ -97,12 +97,12 @@ class Positions(nn.Module):
     """The position scheme of one Transformer: what embeddings get, and what each
     self-attention gets (a mask or additive bias, and RoPE tables)."""
 
-    def __init__(self, kind: str, max_positions: int, dim: int, heads: int, key_dim: int = 0) -> None:
+    def __init__(self, kind: str, max_positions: int, dim: int, heads: int, rotary_dim: int) -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"unknown positions {kind!r}")
         self.kind, self.heads = kind, heads
-        self.rotary_dim = key_dim or dim // heads  # RoPE rotates queries and keys
+        self.rotary_dim = rotary_dim  # RoPE rotates queries and keys: their per-head size
         if kind == "sinusoidal":
             self.register_buffer("table", sinusoidal_positions(max_positions, dim), persistent=False)
         elif kind == "learned":  # one table per side, at the sinusoid's scale (variance 1/2)

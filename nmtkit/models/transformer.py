@@ -61,7 +61,7 @@ def feed_forward(ffn: nn.Module, x: Tensor, keep: Optional[Tensor], router_stats
 class EncoderLayer(nn.Module):
     def __init__(self, cfg, index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_dim)
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_size)
         self.ffn = make_ffn(cfg, index, "encoder")
         self.attn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
@@ -76,8 +76,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_dim)
-        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True, key_dim=cfg.key_dim)
+        self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_size)
+        self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True, key_dim=cfg.key_size)
         self.ffn = make_ffn(cfg, index, "decoder")
         self.self_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.cross_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
@@ -132,7 +132,7 @@ class Transformer(Seq2Seq):
         else:
             self.tgt_embed = nn.Embedding(tgt_vocab_size, d, padding_idx=PAD)
         self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
-        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads, cfg.key_dim)
+        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads, cfg.key_size)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.decoder_layers))
@@ -193,7 +193,7 @@ class Transformer(Seq2Seq):
     def init_state(self, enc: EncoderOut, beam: int = 1) -> TransformerState:
         rows = enc.src_mask.size(0) * beam
         heads, head_dim = self.cfg.heads, self.cfg.d_model // self.cfg.heads
-        keys = enc.memory.new_zeros(rows, heads, 0, self.cfg.key_dim or head_dim)
+        keys = enc.memory.new_zeros(rows, heads, 0, self.cfg.key_size)
         values = enc.memory.new_zeros(rows, heads, 0, head_dim)
         return TransformerState(self_kv=[(keys, values) for _ in self.decoder], step=0)
 
