@@ -66,12 +66,23 @@ def plot(points: list[dict], path: Path) -> None:
 
     fig = new_figure(900, 560)
     ax = fig.add_subplot(1, 1, 1)
+    colours = {}
     for label in dict.fromkeys(p["label"] for p in points):
         mine = sorted((p["step"], p["test"]["bleu"]) for p in points if p["label"] == label)
-        ax.plot([s for s, _ in mine], [b for _, b in mine], marker="o", label=label)
-        for step, bleu in mine:
-            ax.annotate(f"{bleu:.1f}", (step, bleu), textcoords="offset points", xytext=(4, -12), fontsize=8)
+        line, = ax.plot([s for s, _ in mine], [b for _, b in mine], marker="o", label=label)
+        colours[label] = line.get_color()
+    bleus = [p["test"]["bleu"] for p in points]
+    gap = 0.04 * (max(bleus) - min(bleus) or 1.0)
+    for step in sorted({p["step"] for p in points}):
+        # top to bottom at each step, each number at least `gap` below the one above: no overprinting
+        previous = float("inf")
+        for p in sorted((p for p in points if p["step"] == step), key=lambda p: -p["test"]["bleu"]):
+            y = min(p["test"]["bleu"], previous - gap)
+            previous = y
+            ax.annotate(f"{p['test']['bleu']:.1f}", (step, p["test"]["bleu"]), xytext=(step * 1.04, y),
+                        textcoords="data", va="center", fontsize=8, color=colours[p["label"]])
     ax.set_xscale("log", base=2)
+    ax.margins(x=0.07)
     steps = sorted({p["step"] for p in points})
     ax.set_xticks(steps, [f"{s:,}" for s in steps])
     ax.set_xlabel("updates (each <= 2,048 target tokens)")
