@@ -334,17 +334,19 @@ def attention(
                                        show_default=False),
     grid: bool = typer.Option(False, "--grid", help="Every head of the layer, one panel each."),
     fmt: str = typer.Option("png", "--format", help="png: draw the image at -o; json: print pieces and matrix to stdout."),
-    beam_size: int = typer.Option(4, "--beam-size", "-b", min=1, help="Beam size of the translation."),
+    beam_size: Optional[int] = typer.Option(None, "--beam-size", "-b", min=1, show_default=False,
+                                            help="Beam size of the translation (default: the model's, as translate)."),
     size: Optional[str] = typer.Option(None, "--size", help="Image size WIDTHxHEIGHT in pixels (default: fits the sentence).",
                                        show_default=False),
     device: str = typer.Option("cpu", "--device", help="auto, cpu, cuda or cuda:N."),
+    target_lang: str = opts.TARGET_LANG,
 ) -> None:
-    """Translate one sentence and show its source x target attention (SentencePiece pieces)."""
+    """Translate one sentence as translate does and show its source x target attention (SentencePiece pieces)."""
     from nmtkit.viz.attention import attention_command
     from nmtkit.viz.figure import parse_size
 
     attention_command(model, sentence, output, layer, head, grid, fmt, beam_size,
-                      parse_size(size) if size else None, device, _console())
+                      parse_size(size) if size else None, device, _console(), target_lang)
 
 
 @app.command(cls=_Command)

@@ -36,14 +36,16 @@ class CheckpointError(NmtkitError):
 
 
 # OSErrors that are the user's to fix (a full disk, a quota, a read-only or forbidden place): exit 1
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES}
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 # ... and those that mean a path the user gave is the wrong kind of thing (workdir=a file): bad input, exit 2
 _INPUT_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
 
 
 def user_os_error(err: OSError) -> Optional[tuple[str, int]]:
-    """An OSError the user can fix as (one-line message, exit code); None for any other (a bug)."""
-    if err.errno not in _ENVIRONMENT_ERRNOS | _INPUT_ERRNOS:
+    """An OSError the user can fix as (one-line message, exit code); None for any other (a bug).
+    Any other OSError that names a file (an I/O error, a name the file system refuses) is the
+    environment's too: it is reported with that name, exit 1."""
+    if err.errno not in _ENVIRONMENT_ERRNOS | _INPUT_ERRNOS and not err.filename:
         return None
     message = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
     return message, 2 if err.errno in _INPUT_ERRNOS else 1

@@ -144,12 +144,16 @@ def _lock_holder(lock_file: Path) -> str:
 
 def replace_directory(tmp: Path, out_dir: Path) -> None:
     """Move the finished directory ``tmp`` to ``out_dir``, replacing what is there (the caller
-    has checked it may) with two renames: ``out_dir`` -> ``.NAME.old``, ``tmp`` -> ``out_dir``."""
+    has checked it may) with two renames: ``out_dir`` -> ``.NAME.old``, ``tmp`` -> ``out_dir``.
+    A kill in between leaves the complete old copy as ``.NAME.old`` (a training run moves it
+    back on resume). A ``.NAME.old`` that is already there is not ours to remove: the old copy
+    then goes to a fresh temp directory of ours instead."""
     if not out_dir.exists():
         os.replace(tmp, out_dir)
         return
     old = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
+    if os.path.lexists(old):
+        old = temp_sibling(out_dir, directory=True)  # empty: rename(2) may replace it
     os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     shutil.rmtree(old, ignore_errors=True)

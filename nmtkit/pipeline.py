@@ -33,6 +33,9 @@ def choose_model(cfg: Config, run_dir: Path, console) -> tuple[Path, dict]:
 
     dirs = checkpoint_dirs(run_dir)
     n = min(cfg.train.average_last, len(dirs))
+    if 1 < len(dirs) < cfg.train.average_last:  # keep_last below average_last, or a short run
+        console.warn(f"train.average_last={cfg.train.average_last} but {run_dir / 'checkpoints'} holds "
+                     f"{len(dirs)} checkpoint(s) (train.keep_last={cfg.train.keep_last}): averaging those {len(dirs)}")
     if n > 1:
         out = RunDir(run_dir).averaged
         sources = [p.name for p in dirs[-n:]]
@@ -88,10 +91,11 @@ def translate_split(cfg: Config, split: str, out_dir: Path, console, options, we
 
 
 def decode_options(cfg: Config):
-    """The recipe's decode settings on its training device, one hypothesis per line (to score)."""
+    """The recipe's decode settings on its training device and in its training dtype (as dev BLEU
+    during training is measured), one hypothesis per line (to score)."""
     from nmtkit.decoding.options import TranslateOptions
 
-    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device)
+    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device, dtype=cfg.train.dtype)
     options.validate()
     return options
 

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,10 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     scan = None
     if input_path is not None:
         input_path = check_readable(input_path)
+        if output_path is not None and output_path.is_file() and input_path.is_file() \
+                and os.path.samefile(input_path, output_path):
+            raise ConfigError(f"-o {output_path} is the input file: its translation would replace the text it "
+                              f"translates; write it elsewhere")
         if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
             scan = scan_input(input_path, options.errors)
             side.check_count(guides, scan.lines, str(input_path))

@@ -57,10 +57,21 @@ def test_a_recipe_without_a_source_is_refused_naming_the_choices():
     ("files", "hf_splits", {"train": "train"}, "hf"),
     ("hf", "sword_src", "engKJV", "sword"),
     ("sword", "hf_revision", "abc", "hf"),
+    ("hf", "dev_size", 200, "sword"),  # an hf or files source brings its own dev and test splits
+    ("files", "test_size", 50, "sword"),
 ])
 def test_keys_of_another_source_are_refused_naming_where_they_belong(source, key, value, owner):
     with pytest.raises(ConfigError, match=f"^data.{key} belongs to data.source={owner}, but data.source is {source}$"):
         from_dict({"data": {"source": source, key: value}})
+
+
+@pytest.mark.parametrize("splits", [{"train": "train", "dev": ["validation"], "test": "test"},
+                                    {"train": "train", "valid": "validation"}, {"train": 3}])
+def test_hf_splits_must_name_our_splits_with_strings(splits):
+    with pytest.raises(ConfigError, match=r"^data.hf_splits must map train, dev and test to split names"):
+        from_dict({"data": {"source": "hf", "hf_name": "x", "hf_splits": splits}})
+    with pytest.raises(ConfigError, match=r"^data.corpora\[0\].hf_splits must map"):
+        from_dict({"data": {"corpora": [{"name": "a", "source": "hf", "hf_name": "x", "hf_splits": splits}]}})
 
 
 def test_each_source_accepts_its_own_keys_and_a_saved_config_reloads():

@@ -165,3 +165,15 @@ def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeyp
     else:
         lines = len(captured.out.splitlines())  # one input line and one empty line
         assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (int(text) + 1, 2 * int(text)))
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32", "bf16", "fp16"])
+def test_run_translates_dev_and_test_in_the_training_dtype(dtype):
+    """`run` scores the model in the precision it was trained and validated in, not translate's
+    own default (which casts to bf16 on a GPU that has it)."""
+    from nmtkit.config import from_dict
+    from nmtkit.pipeline import decode_options
+
+    options = decode_options(from_dict({"data": {"source": "files"}, "train": {"dtype": dtype, "device": "cpu"},
+                                         "decode": {"beam_size": 3}}))
+    assert (options.dtype, options.device, options.beam_size, options.nbest) == (dtype, "cpu", 3, 1)

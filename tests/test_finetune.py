@@ -15,7 +15,7 @@ import yaml
 from conftest import cli_in_process, reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
 from nmtkit.config import from_dict, load_config
 from nmtkit.console import NmtConsole
-from nmtkit.errors import ConfigError
+from nmtkit.errors import ConfigError, DataError
 from nmtkit.specials import UNK
 
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0)
@@ -87,6 +87,23 @@ def test_vocab_from_a_model_directory_encodes_with_its_model_and_counts_unknown_
     assert f"reused from {model_dir.resolve()}" in printed and "unknown pieces (<unk>): train" in printed
 
 
+def test_spm_model_type_is_read_from_the_model_file(tmp_path):
+    """The algorithm comes from the ModelProto itself (no protobuf dependency), as SentencePiece wrote it."""
+    import sentencepiece as spm
+
+    from nmtkit.data.vocab import spm_model_type
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(line + "\n" for line in tiny_sentences(200, seed=3)))
+    for kind in ("unigram", "bpe", "char", "word"):
+        spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / kind), vocab_size=30,
+                                       model_type=kind, minloglevel=2, hard_vocab_limit=False)
+        assert spm_model_type(tmp_path / f"{kind}.model") == kind
+    (tmp_path / "bad.model").write_bytes(b"\x0a\x80")  # a varint cut short
+    with pytest.raises(DataError, match="not a SentencePiece model"):
+        spm_model_type(tmp_path / "bad.model")
+
+
 def test_vocab_from_must_fit_the_recipe(general, tmp_path):
     from nmtkit.data.vocab import reused_models
 
@@ -96,6 +113,9 @@ def test_vocab_from_must_fit_the_recipe(general, tmp_path):
     with pytest.raises(ConfigError, match=r"^vocab.size is 48 but .*spm.model \(vocab.from\) has 40 pieces; "
                                           r"set vocab.size: 40$"):
         run_prepare(prepared_recipe(tmp_path / "d", tiny_sentences(30), size=48, **{"from": str(general)}))
+    with pytest.raises(ConfigError, match=r"^vocab.type is bpe but .*spm.model \(vocab.from\) is a unigram model; "
+                                          r"set vocab.type: unigram$"):
+        run_prepare(prepared_recipe(tmp_path / "t", tiny_sentences(30), type="bpe", **{"from": str(general)}))
     with pytest.raises(ConfigError, match="^vocab.character_coverage applies when SentencePiece is trained"):
         from_dict({"data": {"source": "files"}, "vocab": {"from": "x", "character_coverage": 0.99}})
     cfg = load_config(None, ["data.source=files", f"vocab.from={general}"])

@@ -110,6 +110,33 @@ def test_average_says_how_many_checkpoints_exist(tmp_path, model_dir):
     assert quiet.returncode == 0 and "warning" not in quiet.stderr.decode("utf-8")
 
 
+def test_run_says_when_it_averages_fewer_checkpoints_than_average_last(tmp_path, model_dir):
+    """train.keep_last below train.average_last caps the average: `run` says so instead of silently."""
+    from nmtkit.config import from_dict
+    from nmtkit.pipeline import choose_model
+
+    class Console:
+        def __init__(self):
+            self.warnings = []
+
+        def warn(self, message):
+            self.warnings.append(message)
+
+        def info(self, *objects, **kwargs):
+            pass
+
+    run = fake_run(tmp_path / "run", model_dir, (10, 20))
+    console = Console()
+    chosen, meta = choose_model(from_dict({"data": {"source": "files"}, "train": {"average_last": 5, "keep_last": 2}}),
+                                run, console)
+    assert meta["averaged_from"] == ["step_00000010", "step_00000020"]
+    assert console.warnings == [f"train.average_last=5 but {run / 'checkpoints'} holds 2 checkpoint(s) "
+                                f"(train.keep_last=2): averaging those 2"]
+    console = Console()
+    choose_model(from_dict({"data": {"source": "files"}, "train": {"average_last": 2, "keep_last": 2}}), run, console)
+    assert console.warnings == []
+
+
 # --- paths given by a recipe (item 12) -------------------------------------------------------
 
 def test_a_missing_recipe_file_names_the_absolute_path_and_the_directory(tmp_path):
@@ -249,6 +276,12 @@ def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_di
         message = one_line_error(run_cli("translate", "-m", str(tmp_path / "no-model"), "-o", output, input=text))
         assert fragment in message
     assert plain.read_text() == "mine\n"
+    alias = tmp_path / "alias.txt"
+    alias.symlink_to(plain)
+    for output in (plain, alias):  # the input itself, or a link to it: never replaced by its translation
+        message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-i", str(plain), "-o", str(output)))
+        assert "is the input file" in message
+    assert plain.read_text() == "mine\n" and alias.is_symlink()
 
 
 def fake_checkpoints(run: Path, model_dir: Path, steps: tuple[int, ...]) -> Path:
@@ -287,6 +320,15 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
         result = run_cli("average", str(run), "-o", str(averaged))
         assert result.returncode == 0, result.stderr.decode()
     assert sorted(p.name for p in averaged.iterdir()) == ["checksums.json", "config.json", "model.safetensors", "spm.model"]
+    # a `.averaged.old` of the user's own is where a replacement once parked the old copy: never removed
+    theirs = tmp_path / ".averaged.old"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("keep me\n")
+    result = run_cli("average", str(run), "-o", str(averaged))
+    assert result.returncode == 0, result.stderr.decode()
+    assert (theirs / "notes.txt").read_text() == "keep me\n" and sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".averaged.old", "averaged", "mine", "plain.txt", "run"]
+    assert (averaged / "model.safetensors").is_file()
 
 
 # --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------

@@ -375,6 +375,29 @@ def test_cli_reports_a_full_disk_outside_checkpoints_in_one_line(monkeypatch, ca
     assert_error(code, err, 1, f"{tmp_path / 'out.json'}: No space left on device")
 
 
+@pytest.mark.parametrize("code, text", [(errno.EPERM, "Operation not permitted"), (errno.EIO, "Input/output error"),
+                                        (errno.EINVAL, "Invalid argument")])
+def test_any_os_error_naming_a_file_is_one_line(monkeypatch, capsys, tmp_path, code, text):
+    """A file another user owns in a sticky /tmp (EPERM on the final rename), a failing disk, a name
+    the file system refuses: one line naming the file, exit 1, not a traceback."""
+    import nmtkit.scoring.report as report
+
+    def refused(*args, **kwargs):
+        raise OSError(code, text, str(tmp_path / "out.json"))
+
+    monkeypatch.setattr(report, "score_command", refused)
+    status, err = cli(monkeypatch, capsys, "score", "-r", "x", "-i", "y")
+    assert_error(status, err, 1, f"{tmp_path / 'out.json'}: {text}")
+
+
+def test_an_os_error_without_a_file_stays_a_traceback():
+    """No file named: nothing the user can act on, so it is treated as a bug (kept for the report)."""
+    from nmtkit.errors import user_os_error
+
+    assert user_os_error(OSError(errno.EIO, "Input/output error")) is None
+    assert user_os_error(OSError(errno.EPERM, "Operation not permitted")) == ("Operation not permitted", 1)
+
+
 def test_no_partial_output_when_translate_fails_midway(tmp_path, tiny_spm):
     """Bad bytes on stdin's 10,001st line: the first chunk is translated, the error names
     the line, and the output file never appears (stdin is not scanned ahead like a file)."""

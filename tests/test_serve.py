@@ -423,6 +423,9 @@ def test_serve_refuses_bad_settings_in_one_line(model_dir):
     assert busy.returncode == 1 and busy.stderr.decode().startswith("nmtkit: error: cannot listen on 127.0.0.1:")
     bad = run_cli("serve", "-m", str(model_dir), "--max-lines", "0")
     assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1
+    host = run_cli("serve", "-m", str(model_dir), "--host", "a..b")  # IDNA refuses the empty label
+    assert host.returncode == 1 and host.stderr.decode().count("\n") == 1
+    assert host.stderr.decode().startswith("nmtkit: error: cannot listen on a..b:") and "host name" in host.stderr.decode()
 
 
 def test_missing_http_libraries_are_a_one_line_error(monkeypatch):

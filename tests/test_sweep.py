@@ -242,6 +242,12 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
         assert row[2] == row[3] == f"{total:,}" and row[4] == "pending"
     assert "2 prepare(s)" in result.stderr
 
+    only = sweep_cli(sweep, "--dry-run", "--only", "vocab", "--only", "d_model=32,pre_norm=true")
+    assert only.returncode == 0, only.stderr
+    lines = only.stderr.splitlines()
+    header = next(i for i, l in enumerate(lines) if "variant" in l and "prepare" in l and "settings" in l)
+    assert [line.split()[:2] for line in lines[header + 1:]] == [["vocab", "#2"], ["d_model=32,pre_norm=true", "#1"]]
+
 
 @pytest.mark.parametrize("change, fragments", [
     ({"extra": 1}, ["unknown sweep key extra"]),

@@ -415,7 +415,7 @@ def test_a_variant_runs_end_to_end_through_the_cli(tmp_path):
             path = tmp_path / f"{split}.{lang}"
             path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
             files[split][lang] = str(path)
-    recipe = tiny_recipe(tmp_path / "work", data={"files": files, "dev_size": 8, "test_size": 8},
+    recipe = tiny_recipe(tmp_path / "work", data={"files": files},
                          model={"positions": "rope", "ffn": "gelu", "moe_experts": 3, "moe_top_k": 1},
                          train={"max_steps": 10, "average_last": 2, "validate_every": 5, "save_every": 5})
     path = tmp_path / "recipe.yaml"

@@ -146,6 +146,29 @@ def test_attention_json_via_cli(tiny_run):
     assert out["layer"] == 2 and out["head"] == 2
 
 
+def test_attention_translates_with_the_model_s_saved_decode_settings(tiny_run, tmp_path):
+    """The maps are those of the translation `translate` gives: the model's saved length limit
+    applies (here 2 pieces), and --target-lang is checked as translate checks it."""
+    from nmtkit.checksums import read_manifest, write_manifest
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_run / "best", model)
+    meta = json.loads((model / "config.json").read_text())
+    meta["decode"].update(max_len_a=0.0, max_len_b=2, min_len=0)
+    (model / "config.json").write_text(json.dumps(meta))
+    write_manifest(model, read_manifest(model, NmtkitError))
+    outputs = {}
+    for name, path in (("saved", model), ("default", tiny_run / "best")):
+        done = run_cli("attention", "-m", str(path), "a b c d", "--format", "json")
+        assert done.returncode == 0, done.stderr.decode()
+        outputs[name] = json.loads(done.stdout)
+        translated = run_cli("translate", "-m", str(path), input="a b c d\n")
+        assert outputs[name]["translation"] == translated.stdout.decode().rstrip("\n")
+    assert len(outputs["saved"]["target_pieces"]) <= 2 < len(outputs["default"]["target_pieces"])
+    tagged = run_cli("attention", "-m", str(model), "a b c d", "--format", "json", "--target-lang", "de")
+    assert tagged.returncode == 2 and "--target-lang de: the model has no target-language tag <2de>" in tagged.stderr.decode()
+
+
 def test_grid_json_has_every_head(sentence):
     from nmtkit.viz.attention import attention_json
 

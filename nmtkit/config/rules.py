@@ -14,7 +14,7 @@ from nmtkit.errors import ConfigError
 from nmtkit.limits import DEVICE_NAME, MAX_PARAMETERS, check_range
 
 _SOURCE_KEYS = {"files": ("files",), "hf": ("hf_name", "hf_config", "hf_revision", "hf_splits"),
-                "sword": ("sword_src", "sword_tgt", "sword_path", "sword_testament")}
+                "sword": ("sword_src", "sword_tgt", "sword_path", "sword_testament", "dev_size", "test_size")}
 
 
 def _numeric_keys(cls: type, prefix: str) -> list[str]:
@@ -103,6 +103,11 @@ def _check_source(source: SourceConfig, prefix: str = "data.") -> None:
     if foreign is not None:
         owner, key = foreign
         raise ConfigError(f"{prefix}{key} belongs to {prefix}source={owner}, but {prefix}source is {source.source}")
+    splits = source.hf_splits
+    if source.source == "hf" and (not isinstance(splits, dict) or not set(splits) <= {"train", "dev", "test"}
+                                  or not all(isinstance(name, str) for name in splits.values())):
+        raise ConfigError(f"{prefix}hf_splits must map train, dev and test to split names of the dataset "
+                          f"(e.g. {{train: train, dev: validation, test: test}}), got {splits!r}")
 
 
 CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

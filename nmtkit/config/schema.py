@@ -42,7 +42,7 @@ class SourceConfig:
     sword_path: str = "/usr/share/sword"
     # old: the books before Matthew; new: Matthew to Revelation (domain experiments); all: both
     sword_testament: Literal["all", "old", "new"] = "all"
-    dev_size: int = 500
+    dev_size: int = 500  # verses held out for dev and test (the other sources bring their own splits)
     test_size: int = 1000
 
 

@@ -60,7 +60,7 @@ from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import consume, current_report, remove_leftovers, run_step
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
-from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, train_spm
+from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
@@ -281,6 +281,10 @@ def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
         if size != vocab.size:
             raise ConfigError(f"vocab.size is {vocab.size} but {source} (vocab.from) has {size} pieces; "
                               f"set vocab.size: {size}")
+        kind = spm_model_type(source)  # subword sampling reads its settings by type
+        if kind != vocab.type:
+            fix = f"set vocab.type: {kind}" if kind in ("unigram", "bpe") else "nmtkit uses unigram or bpe models"
+            raise ConfigError(f"vocab.type is {vocab.type} but {source} (vocab.from) is a {kind} model; {fix}")
     src_model = models[spm_files(vocab.joint)[0]]
     for tag in cfg.data.tags:
         if not Vocab(src_model).is_reserved(tag):

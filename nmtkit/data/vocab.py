@@ -25,6 +25,55 @@ def target_tag(lang: str) -> str:
     return f"<2{lang}>"
 
 
+_MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}  # sentencepiece_model.proto, TrainerSpec.ModelType
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        value, pos, shift = value | (byte & 0x7F) << shift, pos + 1, shift + 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of a serialized protobuf message, top level only."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            value, pos = data[pos:pos + length], pos + length
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, pos = data[pos:pos + size], pos + size
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        yield number, wire, value
+
+
+def spm_model_type(path: str | Path) -> str:
+    """The algorithm a SentencePiece model was trained with (unigram, bpe, word, char), read from
+    its ModelProto (trainer_spec = field 2, model_type = its field 3; unigram when unset): the
+    Python API does not expose it, and protobuf is not a dependency."""
+    try:
+        for number, wire, value in _fields(Path(path).read_bytes()):
+            if number == 2 and wire == 2:
+                for inner, inner_wire, kind in _fields(value):
+                    if inner == 3 and inner_wire == 0:
+                        return _MODEL_TYPES.get(kind, f"type {kind}")
+                return "unigram"
+    except ValueError as err:
+        raise DataError(f"{path}: not a SentencePiece model ({err})") from None
+    return "unigram"
+
+
 def with_tag(text: str, tag: str) -> str:
     """A source sentence with ``tag`` and a space before it (unchanged without a tag): how a corpus
     tag goes into training text, and a target-language tag into text to translate."""

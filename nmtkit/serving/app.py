@@ -137,6 +137,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         raise NmtkitError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    except ValueError as err:  # a name IDNA cannot encode (an empty or over-long label): UnicodeError
+        raise NmtkitError(f"cannot listen on {host}:{port}: not a valid host name ({err})") from None
     return sock
 
 

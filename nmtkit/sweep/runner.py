@@ -52,10 +52,10 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     from nmtkit.sweep.results import print_results, write_results
 
     selected = sweep.select(only)
-    counts = {v.name: _counts(v) for v in sweep.variants}
     if dry_run:
-        list_variants(sweep, counts, console)
+        list_variants(sweep, {v.name: _counts(v) for v in selected}, console, selected)
         return {}
+    counts = {v.name: _counts(v) for v in sweep.variants}
     sweep.workdir.mkdir(parents=True, exist_ok=True)
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
         _write_plan(sweep, counts)
@@ -178,19 +178,20 @@ def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
         atomic_write_text(path, text)
 
 
-def list_variants(sweep: Sweep, counts: dict[str, dict], console) -> None:
-    """The --dry-run listing: each variant's shared prepare, parameter counts, status and settings,
-    one unwrapped line each (settings last, so long ones never break the columns)."""
+def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list) -> None:
+    """The --dry-run listing of the ``selected`` variants: each one's shared prepare (numbered
+    over the whole sweep), parameter counts, status and settings, one unwrapped line each
+    (settings last, so long ones never break the columns)."""
     groups: dict[str, int] = {}
     for variant in sweep.variants:
         groups.setdefault(variant.data_key, len(groups) + 1)
     shared = " ".join(sweep.shared_overrides) or "none"
     console.print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.recipe} (shared overrides: {shared}), "
                   f"{len(groups)} prepare(s), work directory {sweep.workdir}", soft_wrap=True)
-    width = max(len("variant"), *(len(v.name) for v in sweep.variants))
+    width = max(len("variant"), *(len(v.name) for v in selected))
     console.print(f"  {'variant':<{width}}  prepare  {'parameters':>12}  {'active':>12}  status   settings",
                   soft_wrap=True)
-    for variant in sweep.variants:
+    for variant in selected:
         count = counts[variant.name]
         console.print(f"  {variant.name:<{width}}  #{groups[variant.data_key]:<6}  {count['total']:>12,}  "
                       f"{count['active']:>12,}  {variant_status(sweep, variant):<7}  "

@@ -51,21 +51,29 @@ class SentenceAttention:
 
 
 @torch.inference_mode()
-def sentence_attention(loaded, sentence: str, beam_size: int = 4) -> SentenceAttention:
-    """Translate ``sentence`` with a ``LoadedModel`` and collect its attention maps."""
+def sentence_attention(loaded, sentence: str, beam_size: int = 4, settings=None, tag: str = "") -> SentenceAttention:
+    """Translate ``sentence`` with a ``LoadedModel`` and collect its attention maps. ``settings``
+    (a decode section or translate's options: length penalty, length limits) default to
+    ``DecodeConfig``'s; ``tag`` (a multilingual model's <2xx>) goes before the sentence, as
+    ``translate --target-lang`` puts it, so the maps are those of the translation translate gives."""
+    from nmtkit.config.schema import DecodeConfig
+    from nmtkit.data.vocab import with_tag
     from nmtkit.decoding.search import beam_search
     from nmtkit.specials import BOS
 
-    model = loaded.model
-    ids = loaded.src_vocab.encode(sentence)
-    if not ids:
+    model, s = loaded.model, settings if settings is not None else DecodeConfig()
+    if not sentence.strip():
         raise DataError("the sentence is empty: nothing to translate")
+    ids = loaded.src_vocab.encode(with_tag(sentence, tag))
+    if not ids:
+        raise DataError("the sentence holds nothing the model's vocabulary encodes: nothing to translate")
     if model.max_positions is not None:
         ids = ids[:model.max_positions]
     device = next(model.parameters()).device
     src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
     src_mask = torch.ones_like(src, dtype=torch.bool)
-    best = beam_search(model, src, src_mask, beam_size, need_attn=True)[0][0]
+    best = beam_search(model, src, src_mask, beam_size, lenpen=s.lenpen, max_len_a=s.max_len_a,
+                       max_len_b=s.max_len_b, min_len=s.min_len, need_attn=True)[0][0]
     if loaded.model_cfg.arch == "transformer":
         tgt_in = torch.tensor([[BOS] + best.tokens], dtype=torch.long, device=device)  # (1, T + 1)
         maps = model.cross_attention_maps(src, src_mask, tgt_in)[:, 0, :, :len(best.tokens)]  # (L, H, T, S)
@@ -140,22 +148,29 @@ def plot_attention(att: SentenceAttention, out: str | Path, layer: Optional[int]
 
 
 def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional[int], head: Optional[int],
-                      grid: bool, fmt: str, beam_size: int, size: Optional[tuple[int, int]], device: str,
-                      console) -> None:
-    """``nmtkit attention``: translate one sentence, then draw its attention or print it as JSON."""
+                      grid: bool, fmt: str, beam_size: Optional[int], size: Optional[tuple[int, int]], device: str,
+                      console, target_lang: str = "") -> None:
+    """``nmtkit attention``: translate one sentence as ``translate`` would (the model's saved
+    decode settings, ``beam_size`` where given), then draw its attention or print it as JSON."""
     import json
 
+    from nmtkit.decoding.translate import target_tag_for
     from nmtkit.device import resolve_device
     from nmtkit.modeldir import load_model_dir
+    from nmtkit.translation import saved_decode_settings
 
     if fmt not in ("png", "json"):
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")
     if head is not None and grid:
         raise ConfigError("--grid shows every head: leave out --head")
-    check_range("decode.beam_size", beam_size, "--beam-size")
+    if beam_size is not None:
+        check_range("decode.beam_size", beam_size, "--beam-size")
     if fmt == "png":
         check_image_path(out)  # before translating
-    att = sentence_attention(load_model_dir(model_dir, device=resolve_device(device)), sentence, beam_size)
+    loaded = load_model_dir(model_dir, device=resolve_device(device))
+    settings = saved_decode_settings(model_dir)
+    tag = target_tag_for(loaded.src_vocab, target_lang)
+    att = sentence_attention(loaded, sentence, beam_size or settings.beam_size, settings, tag)
     att.check(layer, head)
     if fmt == "json":
         print(json.dumps(attention_json(att, layer, head, grid), ensure_ascii=False))
