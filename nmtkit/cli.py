@@ -393,6 +393,17 @@ def _one_line(message: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
 
 
+def _caused_by_ctrl_c(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the exceptions that led to ``err``."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and an exit code."""
     from nmtkit.errors import NmtkitError, user_os_error
@@ -415,6 +426,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as err:  # Typer turns Ctrl-C into a silent exit 130: say why (training says its own)
+        if err.code == 130 and _caused_by_ctrl_c(err):
+            print("nmtkit: interrupted", file=sys.stderr)
+        raise
     except _Terminated:
         print("nmtkit: terminated", file=sys.stderr)
         sys.exit(143)

@@ -352,6 +352,11 @@ def test_temp_files_of_killed_translations_are_removed(tmp_path, model_dir):
     assert terminated.wait(60) == 143 and b"terminated" in terminated.stderr.read()
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # SIGTERM: cleaned on the way out
 
+    interrupted = start_translation(model_dir, out)
+    interrupted.send_signal(signal.SIGINT)  # Ctrl-C: exit 130, one line saying so, temp removed
+    assert interrupted.wait(60) == 130 and interrupted.stderr.read().decode().endswith("nmtkit: interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
     killed = start_translation(model_dir, out)
     killed.kill()
     killed.wait(60)
