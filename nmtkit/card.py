@@ -38,8 +38,13 @@ def find_run_dir(model_dir: Path) -> Optional[Path]:
     return None
 
 
-def architecture(model: dict) -> dict:
-    """The architecture's dims plus a one-line summary."""
+def architecture(saved: dict) -> dict:
+    """The architecture's dims plus a one-line summary. Keys a saved config leaves out take their
+    defaults, as loading the model does (a config from before a key existed, or written by hand)."""
+    from nmtkit.config import ModelConfig
+    from nmtkit.config.schema import recipe_key
+
+    model = {**{recipe_key(name): value for name, value in dataclasses.asdict(ModelConfig()).items()}, **saved}
     if model["arch"] == "transformer":
         norm = f"{'pre' if model['pre_norm'] else 'post'}-norm {model['norm']}"
         summary = (f"d {model['d_model']}, ffn {model['ffn_dim']} ({model['ffn']}), heads {model['heads']}, "
@@ -186,6 +191,15 @@ def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
     meta = read_export_meta(export_dir)  # verified against the export's checksums.json
     source = Path(meta.get("source_model", ""))
     exported_from_model = bool(meta.get("source_model")) and (source / CONFIG).is_file()
+    if exported_from_model and meta.get("source_weights_sha256"):
+        # a run's best/ or averaged/ is replaced as training goes on: its card then tells of another model
+        try:
+            current = read_json(source / CONFIG, "model config")
+        except CheckpointError:
+            current = None
+        if not isinstance(current, dict) or current.get("weights_sha256") != meta["source_weights_sha256"]:
+            warn(f"{source} holds other weights than were exported: showing the export's own metadata")
+            exported_from_model = False
     card = model_card(source, warn) if exported_from_model else basic_card(export_dir, meta)
     card["model_dir"] = str(export_dir)
     card["export"] = {k: meta.get(k) for k in ("format", "ctranslate2_version", "quantization", "source_model")}

@@ -216,11 +216,15 @@ def score(
     metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, ter."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     tokenized_bleu: bool = typer.Option(False, "--tokenized-bleu", help="Also report paper-style tokenized, compound-split BLEU (not comparable to sacreBLEU)."),
-    test: str = typer.Option("bootstrap", "--test", help="Significance test: bootstrap or ar (approximate randomisation)."),
-    resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples / randomisation trials."),
+    test: Optional[str] = typer.Option(None, "--test", show_default=False, help="Significance test with --baseline: "
+                                       "bootstrap (default) or ar (approximate randomisation)."),
+    resamples: Optional[int] = typer.Option(None, "--resamples", show_default=False,
+                                            help="Bootstrap resamples / randomisation trials with --baseline "
+                                            "(default 1000)."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive scoring."),
-    alpha: float = typer.Option(0.05, "--alpha", help="Significance level: a system is named better only when "
-                                "p < alpha; intervals are (1 - alpha) confidence intervals."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", show_default=False,
+                                          help="Significance level with --baseline (default 0.05): a system is named better "
+                                          "only when p < alpha; intervals are (1 - alpha) confidence intervals."),
 ) -> None:
     """Score hypotheses against references with sacreBLEU (BLEU, chrF, TER)."""
     from nmtkit.scoring.report import score_command

@@ -69,9 +69,11 @@ def translate_split(cfg: Config, split: str, out_dir: Path, console, options, we
     ``Translator``: called only when a split is not cached, so a finished run loads no model."""
     from nmtkit.data.ids import prepared_file
 
-    sources = read_lines(prepared_file(WorkDir.of(cfg).text(split, cfg.data.src_lang)))
-    settings = {k: v for k, v in dataclasses.asdict(options).items() if k != "target_lang"}  # never set here:
-    stamp = _stamp(weights_sha256, settings, len(sources))  # older stamps stay valid
+    source_path = prepared_file(WorkDir.of(cfg).text(split, cfg.data.src_lang))
+    sources = read_lines(source_path)
+    settings = {k: v for k, v in dataclasses.asdict(options).items() if k != "target_lang"}  # never set here
+    # the text itself, not just its length: another test set of as many lines is translated anew
+    stamp = _stamp(weights_sha256, settings, len(sources), sha256_file(source_path))
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"
     done = _read_stamp(stamp_path)
     if hyp_path.is_file() and done.get("stamp") == stamp and done.get("sha256") == sha256_file(hyp_path):

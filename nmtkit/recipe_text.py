@@ -21,6 +21,18 @@ def safe_yaml(text: str) -> Any:
                                   f"(line {mark.line + 1}); write the values out")
             return super().compose_node(parent, index)
 
+        def construct_mapping(self, node, deep=False):
+            # YAML lets the last of two equal keys win: a second `train:` section would silently
+            # drop every setting of the first
+            seen = set()
+            for key_node, _ in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                if key is not None and key in seen:
+                    raise ConfigError(f"the key {key!r} appears twice in one mapping (again on line "
+                                      f"{key_node.start_mark.line + 1}); merge the two")
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
     loader = NoAliasLoader(text)  # a SafeLoader subclass, driven directly so no generic load call appears
     try:
         return loader.get_single_data()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 import time
 import typing
 from pathlib import Path
@@ -105,6 +106,37 @@ def test_an_alias_bomb_is_refused_in_one_line_before_it_expands(tmp_path):
     assert time.perf_counter() - start < 5  # expanding it would take hours
     with pytest.raises(ConfigError, match="anchors and aliases"):
         load_config(None, ["data.source=files", "train.betas=[&x 0.9, *x]"])
+
+
+def test_a_key_twice_in_one_mapping_is_refused_naming_its_line(tmp_path):
+    """YAML's rule (the last one wins) would drop the whole first section without a word."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("data: {source: files}\ntrain:\n  max_steps: 7\nmodel: {d_model: 32}\ntrain:\n  lr: 0.003\n")
+    with pytest.raises(ConfigError, match=r"^the key 'train' appears twice in one mapping \(again on line 5\)"):
+        load_config(recipe)
+    recipe.write_text("data: {source: files}\ntrain: {max_steps: 7, lr: 0.003, max_steps: 8}\n")
+    with pytest.raises(ConfigError, match=r"^the key 'max_steps' appears twice .*line 2"):
+        load_config(recipe)
+
+
+@pytest.mark.parametrize("text, shown", [("data.src_lang: no", "False"), ("name: 1.10", "1.1"),
+                                         ("vocab.from: yes", "True")])
+def test_text_settings_that_yaml_reads_as_booleans_or_numbers_ask_for_quotes(text, shown):
+    key, value = text.split(": ")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: expected a string, got {shown} .*put the text in quotes$"):
+        load_config(None, ["data.source=files", f"{key}={value}"])
+    node = load_config(None, ["data.source=files", f"{key}='{value}'"])
+    for part in key.split("."):
+        node = getattr(node, "from_" if part == "from" else part)
+    assert node == value
+
+
+def test_overrides_reach_an_empty_section_and_take_paths_starting_with_a_star(tmp_path):
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text("data: {source: files}\nmodel:\n")
+    assert load_config(recipe, ["model.encoder_layers=2"]).model.encoder_layers == 2
+    cfg = load_config(None, ["data.source=files", "data.files.train.en=*x.txt", "vocab.from=&y"])
+    assert cfg.data.files == {"train": {"en": "*x.txt"}} and cfg.vocab.from_ == "&y"
 
 
 def test_a_sweep_file_with_aliases_is_refused_too(tmp_path):

@@ -79,6 +79,23 @@ def test_cli_export_and_translate_keep_one_line_per_line(reversal_spm, tmp_path)
             assert all(line.count("\t") == 3 for line in theirs)
 
 
+def test_info_on_an_export_tells_of_its_source_only_while_the_source_holds_the_exported_weights(reversal_spm,
+                                                                                                   tmp_path):
+    model_dir = train_tiny(reversal_spm, tmp_path / "model", steps=5)
+    export_ctranslate2(model_dir, tmp_path / "ct2")
+    meta = json.loads((model_dir / "config.json").read_text())
+    assert json.loads((tmp_path / "ct2" / "nmtkit.json").read_text())["source_weights_sha256"] == meta["weights_sha256"]
+    same = run_cli("info", str(tmp_path / "ct2"), "--json")
+    assert same.returncode == 0 and "warning" not in same.stderr.decode(), same.stderr.decode()
+    assert json.loads(same.stdout)["export"]["source_model"] == str(model_dir.resolve())
+    (model_dir / "config.json").write_text(json.dumps({**meta, "weights_sha256": "0" * 64}))  # retrained since
+    moved = run_cli("info", str(tmp_path / "ct2"), "--json")
+    assert moved.returncode == 0, moved.stderr.decode()
+    assert "holds other weights than were exported: showing the export's own metadata" in moved.stderr.decode()
+    card = json.loads(moved.stdout)
+    assert card["model_dir"] == str(tmp_path / "ct2") and card["architecture"] == json.loads(same.stdout)["architecture"]
+
+
 def test_unsupported_models_and_plain_directories_are_one_line_errors(reversal_spm, tmp_path):
     from nmtkit.data.vocab import Vocab
     from nmtkit.models.build import build_model

@@ -110,6 +110,25 @@ def test_average_says_how_many_checkpoints_exist(tmp_path, model_dir):
     assert quiet.returncode == 0 and "warning" not in quiet.stderr.decode("utf-8")
 
 
+@pytest.mark.parametrize("change", [{"d_model": 32, "ffn_dim": 64}, {"positions": "rope"}])
+def test_average_refuses_checkpoints_of_another_model(tmp_path, model_dir, tiny_spm, change):
+    """Another architecture among the averaged checkpoints (other shapes, or the same shapes with
+    another meaning) is one line naming it, never a traceback or a silently wrong average."""
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+    from nmtkit.modeldir import load_model_dir, save_model_dir
+
+    run = fake_run(tmp_path / "run", model_dir, (10, 20))
+    base = load_model_dir(model_dir).model_cfg
+    other = ModelConfig(**{**base.__dict__, **change})
+    size = load_model_dir(model_dir).model.output_proj.weight.shape[0]
+    save_model_dir(build_model(other, size, size), other, run / "checkpoints" / "step_00000005", tiny_spm, tiny_spm, {})
+    message = one_line_error(run_cli("average", str(run), "--last", "3", "-o", str(tmp_path / "avg")))
+    assert "step_00000005 is another model than step_00000020" in message
+    assert not (tmp_path / "avg").exists()
+    assert run_cli("average", str(run), "--last", "2", "-o", str(tmp_path / "avg")).returncode == 0
+
+
 def test_run_says_when_it_averages_fewer_checkpoints_than_average_last(tmp_path, model_dir):
     """train.keep_last below train.average_last caps the average: `run` says so instead of silently."""
     from nmtkit.config import from_dict

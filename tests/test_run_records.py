@@ -161,6 +161,22 @@ def test_a_damaged_cached_translation_is_made_again(finished, tmp_path, monkeypa
     assert {m: again[m] for m in ("bleu", "chrf", "ter")} == {m: scores[m] for m in ("bleu", "chrf", "ter")}
 
 
+def test_another_test_set_of_as_many_lines_is_translated_anew(finished, tmp_path, monkeypatch, capsys):
+    """The cache is keyed by the source text, not only its length: a different test set with the
+    same number of lines is translated, never scored with the old one's translations."""
+    work, recipe = copy_work(finished, tmp_path)
+    data = yaml.safe_load(recipe.read_text())
+    for lang in ("src", "tgt"):
+        old = Path(data["data"]["files"]["test"][lang])
+        new = tmp_path / f"other-test.{lang}"
+        new.write_text("".join(line + "\n" for line in reversed(old.read_text().splitlines())))
+        data["data"]["files"]["test"][lang] = str(new)
+    recipe.write_text(yaml.safe_dump(data))
+    code, err = cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0 and "Traceback" not in err, err
+    assert "test: translated 6 sentences" in err and "dev: translations up to date" in err, err
+
+
 # --- the recipe and the sweep file themselves ------------------------------------------------------
 
 @pytest.mark.parametrize("how", MUTATIONS)

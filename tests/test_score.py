@@ -317,6 +317,13 @@ def test_empty_missing_and_undecodable_inputs(files, tmp_path):
     assert "<stdin>: line 1 is not valid UTF-8" in one_line_error("-r", str(one_ref), input=b"caf\xe9\n")
 
 
+@pytest.mark.parametrize("flag, value", [("--test", "ar"), ("--resamples", "50"), ("--alpha", "0.01"), ("--test", "bogus")])
+def test_significance_options_without_a_baseline_are_refused(files, flag, value):
+    """They would be accepted and ignored: no test runs without --baseline."""
+    message = one_line_error("-r", str(files["ref"]), "-i", str(files["good"]), flag, value)
+    assert f"{flag} sets the significance test against --baseline" in message
+
+
 def test_bad_options_are_one_line_errors(files):
     assert "unknown metric 'meteor'" in one_line_error("-r", str(files["ref"]), "--metrics", "bleu,meteor",
                                                        input=b"x\n")

@@ -64,6 +64,20 @@ def test_mismatched_train_lines_found_while_streaming(data, tmp_path, src, tgt, 
         list(read_corpus(data).train)
 
 
+def test_mismatched_train_lines_are_found_when_max_train_pairs_stops_reading_early(data, tmp_path):
+    """A line lost near the end would stay hidden behind the cap (and misalign every pair after
+    it): with a cap, the files are counted before reading."""
+    import dataclasses
+
+    capped = dataclasses.replace(data, max_train_pairs=3)
+    (tmp_path / "train.en").write_text("".join(f"line {i}\n" for i in range(10)))
+    (tmp_path / "train.es").write_text("".join(f"linea {i}\n" for i in range(10) if i != 8))
+    with pytest.raises(DataError, match=r"train\.en has 10 lines but .*train\.es has 9"):
+        read_corpus(capped)
+    (tmp_path / "train.es").write_text("".join(f"linea {i}\n" for i in range(9)) + "linea 9")  # no final newline
+    assert list(read_corpus(capped).train)[:3] == [(f"line {i}", f"linea {i}") for i in range(3)]
+
+
 @pytest.mark.parametrize("split", ["train", "dev"])
 def test_bad_utf8_names_file_and_line(data, tmp_path, split):
     (tmp_path / f"{split}.es").write_bytes(b"uno\ndos \xff\xfe\ntres\n" if split == "train" else b"ok\n\xc3(\n")

@@ -210,6 +210,20 @@ def test_info_json_fields(tiny_run):
     assert card["data"]["splits"]["train"]["pairs"] == 300
 
 
+def test_the_card_fills_keys_a_saved_config_leaves_out_as_loading_does():
+    """A config.json from before a key existed (or written by hand) loads with the defaults; the
+    card shows the same, instead of failing on the missing key."""
+    from nmtkit.card import architecture
+    from nmtkit.config import model_config_from_dict
+
+    saved = {"arch": "transformer", "d_model": 16, "ffn_dim": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1}
+    loaded = model_config_from_dict(saved, joint_vocab=True)
+    card = architecture(saved)
+    assert (card["norm"], card["ffn"], card["positions"]) == (loaded.norm, loaded.ffn, loaded.positions)
+    assert card["summary"] == (f"d 16, ffn 32 ({loaded.ffn}), heads 2, layers 1+1, post-norm {loaded.norm}, "
+                               f"{loaded.positions} positions")
+
+
 def test_info_table_has_no_colour_codes_off_a_terminal(tiny_run, capsys):
     from nmtkit.card import info_command
 

@@ -46,6 +46,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
+        if isinstance(value, (bool, float)):  # YAML read `no` (Norwegian) as false, `1.10` as 1.1
+            raise ConfigError(f"{key}: expected a string, got {value!r} (YAML read it as a "
+                              f"{type(value).__name__}): put the text in quotes")
         return "" if value is None else str(value)
     if annotation is tuple:
         if isinstance(value, str):
@@ -97,6 +100,8 @@ def _parse_scalar(text: str) -> Any:
     """Parse an override value the way YAML would (numbers, booleans, lists)."""
     import yaml
 
+    if text.lstrip().startswith(("*", "&")):  # a path like *x.txt, which YAML would take for an alias
+        return text
     try:
         return safe_yaml(text)
     except yaml.YAMLError:
@@ -112,7 +117,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         node = raw
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # absent, or an empty section (`model:` with nothing under it)
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key}: {part} is not a section")
         node[parts[-1]] = _parse_scalar(text)

@@ -203,6 +203,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
             shutil.copyfile(Path(model_dir) / name, tmp / name)
         meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
                 "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
+                "source_weights_sha256": loaded.meta.get("weights_sha256"),  # is the source still this model?
                 "max_positions": loaded.model.max_positions, "heads": cfg.heads,  # None: no limit (RoPE)
                 "model": loaded.meta["model"], "checksums": MANIFEST,
                 **{k: loaded.meta[k] for k in ("src_lang", "tgt_lang", "decode") if k in loaded.meta}}

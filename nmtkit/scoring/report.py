@@ -72,10 +72,21 @@ def build_report(refs: Sequence[Path], hyp: Optional[Path], baseline: Optional[P
     return report
 
 
+SIGNIFICANCE_DEFAULTS = {"test": "bootstrap", "resamples": 1000, "alpha": 0.05}
+
+
 def score_command(refs: Sequence[Path], hyp: Optional[Path], baseline: Optional[Path], metrics: Sequence[str],
-                  as_json: bool, tokenized_bleu: bool, test: str, resamples: int, lowercase: bool, console,
-                  alpha: float = 0.05) -> None:
-    """The ``nmtkit score`` command: JSON or tables on stdout."""
+                  as_json: bool, tokenized_bleu: bool, test: Optional[str], resamples: Optional[int],
+                  lowercase: bool, console, alpha: Optional[float] = None) -> None:
+    """The ``nmtkit score`` command: JSON or tables on stdout. ``test``, ``resamples`` and
+    ``alpha`` (None: SIGNIFICANCE_DEFAULTS) set the significance test, so they need ``baseline``."""
+    given = {"--test": test, "--resamples": resamples, "--alpha": alpha}
+    if baseline is None and any(value is not None for value in given.values()):
+        flag = next(name for name, value in given.items() if value is not None)
+        raise ConfigError(f"{flag} sets the significance test against --baseline; give --baseline FILE or leave it out")
+    test = SIGNIFICANCE_DEFAULTS["test"] if test is None else test
+    resamples = SIGNIFICANCE_DEFAULTS["resamples"] if resamples is None else resamples
+    alpha = SIGNIFICANCE_DEFAULTS["alpha"] if alpha is None else alpha
     if baseline is not None:
         console.detail(f"significance: {test}, {resamples} resamples, alpha {alpha}")
     report = build_report(refs, hyp, baseline, metrics, tokenized_bleu, test, resamples, lowercase, alpha)

@@ -24,8 +24,8 @@ from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, sha256_file
 from nmtkit.checksums import verify
-from nmtkit.modeldir import (check_weights, read_json, read_meta, read_model_weights, read_weights,
-                             save_model_dir, state_dict_for_save, write_weights)
+from nmtkit.modeldir import (check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
+                             read_weights, save_model_dir, state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir
 
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
@@ -286,13 +286,19 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
         warn(f"--last {last}: {run_dir / 'checkpoints'} holds only {len(dirs)} checkpoint(s) "
              f"({dirs[0].name} to {dirs[-1].name}); averaging those {len(dirs)}")
     chosen = dirs[-last:]
+    newest = load_model_dir(chosen[-1])
     total: dict[str, torch.Tensor] = {}
     for path in chosen:
-        weights = read_model_weights(path, read_meta(path))
+        meta = read_meta(path)
+        # every checkpoint must be of the newest one's model: same config, same tensors and shapes
+        if path != chosen[-1] and model_config_from_meta(meta, path) != newest.model_cfg:
+            raise CheckpointError(f"{path} is another model than {chosen[-1].name} (its model config differs); "
+                                  f"average checkpoints of one run")
+        weights = read_model_weights(path, meta)
+        check_weights(newest.model, weights, path)
         for name, tensor in weights.items():
             acc = total.setdefault(name, torch.zeros_like(tensor, dtype=torch.float64))
             acc += tensor.double()
-    newest = load_model_dir(chosen[-1])
     averaged = {k: (v / len(chosen)).to(newest.model.state_dict()[k].dtype) for k, v in total.items()}
     meta = {k: v for k, v in newest.meta.items() if k not in ("model", "spm", "weights_sha256", "nmtkit_version")}
     meta["averaged_from"] = [p.name for p in chosen]

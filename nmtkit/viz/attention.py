@@ -156,8 +156,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
 
     from nmtkit.decoding.translate import target_tag_for
     from nmtkit.device import resolve_device
-    from nmtkit.modeldir import load_model_dir
-    from nmtkit.translation import saved_decode_settings
+    from nmtkit.modeldir import CONFIG, load_model_dir, saved_decode
 
     if fmt not in ("png", "json"):
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")
@@ -168,7 +167,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     if fmt == "png":
         check_image_path(out)  # before translating
     loaded = load_model_dir(model_dir, device=resolve_device(device))
-    settings = saved_decode_settings(model_dir)
+    settings = saved_decode(loaded.meta, Path(model_dir) / CONFIG)  # what translate uses for this model
     tag = target_tag_for(loaded.src_vocab, target_lang)
     att = sentence_attention(loaded, sentence, beam_size or settings.beam_size, settings, tag)
     att.check(layer, head)

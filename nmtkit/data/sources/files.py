@@ -52,10 +52,25 @@ def read(data, splits: tuple[str, ...] = SPLITS) -> Corpus:
     """The splits of ``data.files``; with ``splits=("train",)`` (a training-only corpus of
     data.corpora) dev and test are empty."""
     split_paths = paths(data, splits)
+    if data.max_train_pairs > 0:  # reading stops early, before a length mismatch would show: count first
+        counts = [count_lines(path) for path in split_paths["train"]]
+        if counts[0] != counts[1]:
+            src, tgt = split_paths["train"]
+            raise DataError(f"{src} has {counts[0]} lines but {tgt} has {counts[1]}")
     dev, test = (_read_pairs(*split_paths[split]) if split in split_paths else [] for split in ("dev", "test"))
     provenance = {"files": {split: {lang: str(path.resolve()) for lang, path in zip((data.src_lang, data.tgt_lang), pair)}
                             for split, pair in split_paths.items()}}
     return Corpus(train=_stream_pairs(*split_paths["train"]), dev=dev, test=test, provenance=provenance)
+
+
+def count_lines(path: Path) -> int:
+    """Lines as the readers split them (on \\n; a last line without one counts), without decoding."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
 
 
 def _read_pairs(src: Path, tgt: Path) -> list[Pair]:
