@@ -97,7 +97,10 @@ def decode_options(cfg: Config):
     during training is measured), one hypothesis per line (to score)."""
     from nmtkit.decoding.options import TranslateOptions
 
-    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device, dtype=cfg.train.dtype)
+    # fp16 trains under autocast (on a CPU too) but decoding casts the weights, which only a GPU
+    # does in fp16: such a run decodes with translate's own choice (auto)
+    dtype = cfg.train.dtype if cfg.train.dtype in ("float32", "bf16") else "auto"
+    options = TranslateOptions.from_decode(cfg.decode, nbest=1, device=cfg.train.device, dtype=dtype)
     options.validate()
     return options
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -167,8 +168,8 @@ def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeyp
         assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (int(text) + 1, 2 * int(text)))
 
 
-@pytest.mark.parametrize("dtype", ["auto", "float32", "bf16", "fp16"])
-def test_run_translates_dev_and_test_in_the_training_dtype(dtype):
+@pytest.mark.parametrize("dtype, decoded", [("auto", "auto"), ("float32", "float32"), ("bf16", "bf16"), ("fp16", "auto")])
+def test_run_translates_dev_and_test_in_the_training_dtype(dtype, decoded):
     """`run` scores the model in the precision it was trained and validated in, not translate's
     own default (which casts to bf16 on a GPU that has it)."""
     from nmtkit.config import from_dict
@@ -176,4 +177,8 @@ def test_run_translates_dev_and_test_in_the_training_dtype(dtype):
 
     options = decode_options(from_dict({"data": {"source": "files"}, "train": {"dtype": dtype, "device": "cpu"},
                                          "decode": {"beam_size": 3}}))
-    assert (options.dtype, options.device, options.beam_size, options.nbest) == (dtype, "cpu", 3, 1)
+    assert (options.dtype, options.device, options.beam_size, options.nbest) == (decoded, "cpu", 3, 1)
+    if dtype == "fp16":  # trained under autocast on a CPU: decoding must still work there
+        from nmtkit.decoding.torch_engine import inference_dtype
+
+        assert inference_dtype(options.dtype, torch.device("cpu")) is not None
