@@ -147,13 +147,14 @@ def replace_directory(tmp: Path, out_dir: Path) -> None:
     has checked it may) with two renames: ``out_dir`` -> ``.NAME.old``, ``tmp`` -> ``out_dir``.
     A kill in between leaves the complete old copy as ``.NAME.old`` (a training run moves it
     back on resume). A ``.NAME.old`` that is already there is not ours to remove: the old copy
-    then goes to a fresh temp directory of ours instead."""
+    then goes to a fresh ``.NAME.nmtkit-old-RANDOM`` instead, a name that stale-temp cleaning
+    never removes (a kill must not cost the old copy)."""
     if not out_dir.exists():
         os.replace(tmp, out_dir)
         return
     old = out_dir.with_name(f".{out_dir.name}.old")
-    if os.path.lexists(old):
-        old = temp_sibling(out_dir, directory=True)  # empty: rename(2) may replace it
+    if os.path.lexists(old):  # an empty directory, which rename(2) may replace
+        old = Path(tempfile.mkdtemp(prefix=sibling_name(out_dir, "old-"), dir=out_dir.parent))
     os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     shutil.rmtree(old, ignore_errors=True)

@@ -175,6 +175,48 @@ def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
     assert target.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
+def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monkeypatch):
+    """With the user's own ``.out.old`` in the way, the old copy is parked under a name that
+    the next write's stale-temp cleaning leaves alone, even after its process has died."""
+    import os
+
+    from nmtkit import files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.txt").write_text("old model\n")
+    theirs = tmp_path / ".out.old"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("keep me\n")
+    new = files.temp_sibling(out, directory=True)
+    (new / "model.txt").write_text("new model\n")
+    real_replace, calls = os.replace, []
+
+    def killed_after_the_first_rename(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies between the two renames
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", killed_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        files.replace_directory(new, out)
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    parked = Path(calls[0][1])
+    assert parked.parent == tmp_path and parked.name.startswith(".out.nmtkit-old-") and not out.exists()
+    monkeypatch.setattr(files, "_running", lambda pid: False)  # every writer is dead now
+    files.remove_stale_temps(out)
+    files.remove_stale_temps(parked)
+    assert (parked / "model.txt").read_text() == "old model\n"
+    assert (theirs / "notes.txt").read_text() == "keep me\n"
+    # without the interruption the parked copy is removed once the new one is in place
+    (new / "model.txt").write_text("newer model\n")
+    real_replace(parked, out)
+    files.replace_directory(new, out)
+    assert (out / "model.txt").read_text() == "newer model\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]
+
+
 def test_model_dirs_and_checkpoints_get_the_usual_permissions(tmp_path, prepared, monkeypatch, capsys):
     from nmtkit.files import UMASK
 
