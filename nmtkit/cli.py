@@ -57,7 +57,7 @@ app = typer.Typer(
 _state = {"debug": False, "verbosity": 0}
 
 RecipeArg = typer.Argument(..., help="YAML recipe (see recipes/).", show_default=False)
-OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=1000 vocab.size=4000.",
+OverridesArg = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=1000 model.dropout=0.2.",
                               show_default=False)
 
 
@@ -80,6 +80,19 @@ def _main(
 
     keep_freed_memory()  # before the first large tensor: see allocator.py
     bound_onednn_cache()  # before torch loads oneDNN (no command has imported it yet)
+
+
+def _refuse_unused(ctx: typer.Context, rules: list) -> None:
+    """An option given on the command line where it has no effect is an error: accepted and
+    silently ignored, it would let a user believe it did something. ``rules``: (parameter,
+    whether it is unused now, why)."""
+    from nmtkit.errors import ConfigError
+
+    for name, unused, why in rules:
+        source = ctx.get_parameter_source(name)  # an enum of click's (or of the click Typer bundles)
+        if unused and source is not None and source.name != "DEFAULT":
+            flag = next(max(param.opts, key=len) for param in ctx.command.params if param.name == name)
+            raise ConfigError(f"{flag} {why}")
 
 
 def _console():
@@ -119,6 +132,7 @@ def train(
 
 @app.command(cls=_Command)
 def translate(
+    ctx: typer.Context,
     model: List[Path] = opts.MODEL,
     input: Optional[Path] = opts.INPUT,
     output: Optional[str] = opts.OUTPUT,
@@ -153,6 +167,13 @@ def translate(
     from nmtkit.decoding.guides import GuideFiles
     from nmtkit.translation import resolve_options, translate_file
 
+    _refuse_unused(ctx, [("topk", not sample, "applies to --sample only"),
+                         ("topp", not sample, "applies to --sample only"),
+                         ("temperature", not sample, "applies to --sample only"),
+                         ("seed", not sample, "applies to --sample only (beam search is deterministic)"),
+                         ("beam_size", sample, "does not apply with --sample, which draws --nbest samples"),
+                         ("chunk_lines", stream, "does not apply with --stream, which translates each line alone"),
+                         ("alignment_units", not alignments, "applies to --alignments only")])
     flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                  batch_tokens=batch_tokens)
     options = resolve_options(

@@ -19,10 +19,11 @@ def decode_flag(setting: str, text: str, *short: str):
 
 
 MODEL = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble).")
-INPUT = typer.Option(None, "-i", "--input", help="Source text file (default: stdin).")
+INPUT = typer.Option(None, "-i", "--input", help="Source text file (default or -: stdin).")
 OUTPUT = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
-    help="Output file (default: stdout), written atomically; a device or "
-    "named pipe is written directly, a symbolic link is followed.")
+    help="Output file (default or -: stdout), written atomically; a device or "
+    "named pipe is written directly, an open descriptor (/dev/stdout, /dev/fd/N) appended to, "
+    "a symbolic link is followed.")
 BEAM_SIZE = decode_flag("beam_size", "Beam size (1: greedy)", "-b")
 LENPEN = decode_flag("lenpen", "GNMT length penalty alpha; 0 ranks by raw log-probability, larger favours longer outputs")
 MAX_LEN_A = decode_flag("max_len_a", "Output length limit a*|x|+b: a")
@@ -33,7 +34,7 @@ NBEST = typer.Option(DEFAULTS.nbest, "--nbest", min=1, help="N > 1: exactly N li
     "field). Lines the search cannot fill (all but the first for an empty input) have an "
     "empty text and score -inf.")
 BATCH_TOKENS = decode_flag("batch_tokens", "Source tokens x beam per batch")
-SCORES = typer.Option(DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab.")
+SCORES = typer.Option(DEFAULTS.scores, "--scores", help="Prefix each line with its score and a tab (with --nbest above 1 always).")
 ALIGNMENTS = typer.Option(DEFAULTS.alignments, "--alignments", help="Append a tab and Pharaoh alignment pairs "
     "i-j (as fast_align and Moses write them): source word i is aligned to target word j, "
     "words split at whitespace and counted from 0, pairs sorted. Each target piece is "

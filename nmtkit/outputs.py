@@ -6,8 +6,11 @@ Every command's ``-o`` follows the same rules:
 - a symbolic link is followed: what it points to is written (or refused) by these rules
   and the link itself stays;
 - a file output (translate, plot, attention) replaces a regular file atomically and is
-  written directly, without a temporary file, to a character device (``/dev/null``,
-  ``/dev/stdout``) or a named pipe; a directory there is an error;
+  written directly, without a temporary file, to a character device (``/dev/null``) or a
+  named pipe; a directory there is an error;
+- a path naming an open file descriptor (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``,
+  ``/proc/self/fd/N``) is written through that descriptor's file, appended to and never
+  replaced: the shell's ``>> all.txt`` keeps what all.txt held, and a pipe stays a pipe;
 - a directory output (average, export) replaces an existing directory only when it is a
   complete directory of the kind the command writes (the caller's ``problem`` check says
   why not otherwise); a file there is an error. There is no ``--force``: nmtkit never
@@ -25,11 +28,33 @@ from nmtkit.errors import ConfigError
 from nmtkit.files import atomic_open
 
 
+def names_descriptor(path: str | Path) -> bool:
+    """Whether ``path`` reaches an open file descriptor (``/dev/stdout`` -> ``/proc/self/fd/1``):
+    the kernel resolves such a link to the open file itself, which ``realpath`` cannot name
+    (a pipe's target is ``pipe:[N]``), so the path must be used as given."""
+    path = Path(path).expanduser()
+    for _ in range(40):  # the kernel's limit on links followed
+        path = Path(os.path.realpath(path.parent)) / path.name
+        parts = path.parts
+        if (parts[:3] == ("/", "dev", "fd") and len(parts) == 4) or \
+                (parts[:2] == ("/", "proc") and len(parts) == 5 and parts[3] == "fd"):
+            return True
+        if not path.is_symlink():
+            return False
+        path = path.parent / os.readlink(path)
+    return False
+
+
 def _target(text: str | Path, option: str) -> Path:
-    """The path ``-o`` names, a symbolic link followed, its parents checked."""
+    """The path ``-o`` names, a symbolic link followed (not one to an open descriptor), its
+    parents checked."""
     if str(text).strip() == "":
         raise ConfigError(f"{option} is empty: give a path")
     path = Path(text).expanduser()
+    if names_descriptor(path):
+        if _kind(path) is None:
+            raise ConfigError(f"{option} {text}: no such open file descriptor")
+        return path
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     ancestor = target.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
@@ -62,7 +87,10 @@ def check_output_file(text: str | Path | None, option: str = "-o") -> Optional[P
         return None
     target = _target(text, option)
     kind = _kind(target)
-    if kind in (None, "file", "character device", "named pipe"):
+    if kind == "file" and not names_descriptor(target) and not os.access(target, os.W_OK):
+        raise ConfigError(f"{option} {_where(text, target)} is read-only: nmtkit will not replace it; make it "
+                          f"writable or choose another {option}")
+    if kind in (None, "file", "character device", "named pipe") or (names_descriptor(target) and kind != "directory"):
         return target
     if kind == "directory":
         raise ConfigError(f"{option} {_where(text, target)} is a directory: give a file path")
@@ -88,14 +116,17 @@ def check_output_dir(text: str | Path, problem: Callable[[Path], Optional[str]],
 
 
 def is_stream(path: Path) -> bool:
-    """A character device or named pipe: written in place, never replaced."""
-    return _kind(path) in ("character device", "named pipe")
+    """A character device, named pipe or open descriptor: written in place, never replaced."""
+    return names_descriptor(path) or _kind(path) in ("character device", "named pipe")
 
 
 @contextlib.contextmanager
 def open_output(path: Path, mode: str = "wb") -> Iterator[IO]:
-    """``path`` opened for writing: directly for a device or pipe, else atomically."""
+    """``path`` opened for writing: directly for a device, pipe or descriptor (a regular file
+    behind a descriptor is appended to), else atomically."""
     if is_stream(path):
+        if _kind(path) == "file":  # reopening /dev/stdout with "w" would truncate a `>>` file
+            mode = mode.replace("w", "a")
         try:
             with open(path, mode) as handle:
                 yield handle

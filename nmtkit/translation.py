@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,19 +120,31 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     - otherwise a file output is written atomically, a device or named pipe directly.
     The output, the input and the side files are checked before any model loads."""
     options.validate()
+    input_path = None if str(input_path) == "-" else input_path  # "-": stdin, as for score
+    output_path = None if str(output_path) == "-" else output_path
+    if input_path is None and sys.stdin is None:
+        raise ConfigError("stdin is closed: give the text to translate with -i FILE")
+    if output_path is None and sys.stdout is None:
+        raise ConfigError("stdout is closed: give a file to write with -o FILE")
     output_path = check_output_file(output_path)
+    if options.stream and output_path is not None and not is_stream(output_path):
+        raise ConfigError(f"--stream flushes each line as it is translated, but -o {output_path} is a file that "
+                          f"appears whole at the end: leave out --stream (the run then resumes after a crash) "
+                          f"or write to stdout")
+    if output_path is not None and output_path.is_file():
+        for what, read in (("input file", input_path), ("--prefix-file", side.prefix),
+                           ("--constraints file", side.constraints)):
+            if read is not None and Path(read).is_file() and os.path.samefile(read, output_path):
+                raise ConfigError(f"-o {output_path} is the {what}: the translation would replace the text it is "
+                                  f"made from; write it elsewhere")
     guides = read_guides(model_dirs, options, side)
     scan = None
     if input_path is not None:
         input_path = check_readable(input_path)
-        if output_path is not None and output_path.is_file() and input_path.is_file() \
-                and os.path.samefile(input_path, output_path):
-            raise ConfigError(f"-o {output_path} is the input file: its translation would replace the text it "
-                              f"translates; write it elsewhere")
         if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
             scan = scan_input(input_path, options.errors)
             side.check_count(guides, scan.lines, str(input_path))
-    streaming = options.stream or (input_path is None and sys.stdin.isatty())
+    streaming = options.stream or (sys.stdin.isatty() if input_path is None else _is_terminal(input_path))
     resumable = scan is not None and output_path is not None and not is_stream(output_path) and not streaming
     if resumable:
         partial_dir(output_path)  # something in the way is refused before the model loads
@@ -145,6 +158,21 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
         _translate_stream(translator, input_path, output_path, size, scan.lines if scan else None, side, guides,
                           console)
     warn_truncated(translator, console)
+
+
+def _is_terminal(path: Path) -> bool:
+    """Whether ``path`` is a terminal (``-i /dev/stdin`` or ``-i /dev/tty`` typed into); only a
+    character device is opened to ask (opening a named pipe would disturb its writer)."""
+    try:
+        if not stat.S_ISCHR(os.stat(path).st_mode):
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
 
 
 def _translate_stream(translator: Translator, input_path: Optional[Path], output_path: Optional[Path], size: int,

@@ -127,7 +127,7 @@ def test_an_export_keeps_the_decode_settings(models, tmp_path):
     (["--max-len-b", str(10**11)], "--max-len-b must be in [0, 10000], got 100000000000"),
     (["--max-len-a", "nan"], "--max-len-a must be a finite number, got nan"),
     (["--lenpen", "nan", "--scores"], "--lenpen must be a finite number, got nan"),
-    (["--seed", str(2**64)], "--seed must be in [0, 2**63-1], got 18446744073709551616"),
+    (["--sample", "--seed", str(2**64)], "--seed must be in [0, 2**63-1], got 18446744073709551616"),
     (["--beam-size", "0"], "--beam-size must be in [1, 1000], got 0"),
     (["--topp", "0", "--sample"], "--topp must be in (0, 1], got 0.0"),
     (["--device", "xla"], "unknown device 'xla' (use auto, cpu, cuda or cuda:N)"),

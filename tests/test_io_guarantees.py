@@ -303,6 +303,59 @@ def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_di
     assert plain.read_text() == "mine\n" and alias.is_symlink()
 
 
+
+def test_translate_to_open_descriptors_and_dashes(tmp_path, model_dir):
+    """``-o /dev/stdout`` writes through the descriptor: a ``>>`` file keeps what it held (it
+    was once replaced), a pipe stays a pipe (was a missing /proc path); ``-`` is stdin/stdout."""
+    text = "the cat sat\n\na red dog\n"
+    expected = run_cli("translate", "-m", str(model_dir), *FAST, input=text).stdout
+    assert expected.count(b"\n") == 3
+    command = [sys.executable, "-m", "nmtkit", "translate", "-m", str(model_dir), *FAST]
+    appended = tmp_path / "all.txt"
+    appended.write_bytes(b"precious line\n")
+    for _ in range(2):
+        with open(appended, "ab") as shell_append:  # what `>> all.txt` gives the command
+            done = subprocess.run([*command, "-o", "/dev/stdout"], input=text.encode(), stdout=shell_append,
+                                  stderr=subprocess.PIPE, timeout=600)
+        assert done.returncode == 0, done.stderr.decode()
+    assert appended.read_bytes() == b"precious line\n" + expected + expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.txt"]
+    for output in ("/dev/stdout", "/dev/fd/1", "-"):  # stdout a pipe
+        result = run_cli("translate", "-m", str(model_dir), *FAST, "-i", "-", "-o", output, input=text)
+        assert result.returncode == 0 and result.stdout == expected, (output, result.stderr.decode())
+    assert not Path("-").exists()
+    message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-o", "/dev/fd/9", input=text))
+    assert "no such open file descriptor" in message
+    closed = subprocess.run(["bash", "-c", '"$@" <&-', "bash", *command], capture_output=True, timeout=600)
+    assert "stdin is closed" in one_line_error(closed)
+
+
+def test_translate_never_writes_over_its_side_files(tmp_path, model_dir):
+    source, prefixes = tmp_path / "in.txt", tmp_path / "prefixes.txt"
+    source.write_text("the cat\na dog\n")
+    prefixes.write_text("\n\n")
+    message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-i", str(source),
+                                     "--prefix-file", str(prefixes), "-o", str(prefixes)))
+    assert "-o" in message and "is the --prefix-file" in message
+    assert prefixes.read_text() == "\n\n" and source.read_text() == "the cat\na dog\n"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--topk", "5"), "--topk applies to --sample only"),
+    (("--temperature", "2"), "--temperature applies to --sample only"),
+    (("--seed", "3"), "--seed applies to --sample only"),
+    (("--topp", "0.5"), "--topp applies to --sample only"),
+    (("--sample", "--beam-size", "4"), "--beam-size does not apply with --sample"),
+    (("--stream", "--chunk-lines", "10"), "--chunk-lines does not apply with --stream"),
+    (("--alignment-units", "pieces"), "--alignment-units applies to --alignments only"),
+    (("--stream", "-o", "OUT"), "--stream flushes each line"),
+])
+def test_translate_refuses_options_that_would_have_no_effect(tmp_path, model_dir, args, fragment):
+    args = [str(tmp_path / "out.txt") if arg == "OUT" else arg for arg in args]
+    message = one_line_error(run_cli("translate", "-m", str(model_dir), "--device", "cpu", *args, input="a cat\n"))
+    assert fragment in message
+    assert not (tmp_path / "out.txt").exists()
+
 def fake_checkpoints(run: Path, model_dir: Path, steps: tuple[int, ...]) -> Path:
     """``fake_run`` whose checkpoints carry a trainer.json, as real ones do."""
     fake_run(run, model_dir, steps)

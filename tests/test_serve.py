@@ -267,6 +267,11 @@ def test_serve_resolves_ensembles_and_exports_as_translate(saved_dir, model_dir,
     code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(saved_dir), "--port", "0", "--max-beam", "2")
     assert (code, err) == (2, "nmtkit: error: the server's beam size 3 (--beam-size, else the model's decode "
                               "settings) is over --max-beam 2: give a smaller --beam-size or a larger --max-beam\n")
+    # a default outside what a request may ask for (max_len_b is at most 1024 in a request)
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(saved_dir), "--port", "0", "--max-len-b", "2000")
+    assert (code, err) == (2, "nmtkit: error: the server's --max-len-b 2000 (--max-len-b, else the model's decode "
+                              "settings) is outside [0, 1024], the range a request may ask for: give a --max-len-b "
+                              "within it\n")
 
 
 MALFORMED = {

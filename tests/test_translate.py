@@ -212,5 +212,6 @@ def test_options_match_the_cli_signature():
     from nmtkit.cli import translate
 
     # files, not settings: the input, the output and the per-line side files
-    cli_names = set(inspect.signature(translate).parameters) - {"model", "input", "output", "prefix_file", "constraints"}
+    cli_names = set(inspect.signature(translate).parameters) - {"ctx", "model", "input", "output", "prefix_file",
+                                                                 "constraints"}
     assert cli_names == {f.name for f in dataclasses.fields(TranslateOptions)}

@@ -204,8 +204,10 @@ def test_alibi_and_rope_work_past_max_positions(positions):
     torch.testing.assert_close(incremental(model, src, tgt), full, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("positions, truncated", [("alibi", 0), ("rope", 0), ("learned", 1), ("sinusoidal", 1)])
-def test_translating_a_source_longer_than_max_positions(positions, truncated, tiny_spm, tmp_path):
+@pytest.mark.parametrize("positions", ["alibi", "rope", "learned", "sinusoidal"])
+def test_translating_a_source_longer_than_max_positions(positions, tiny_spm, tmp_path):
+    """Every model cuts sources at max_positions pieces (alibi and rope have no table but one
+    runaway line must not cost hours or all memory); a huge line is cut as text before encoding."""
     from conftest import tiny_sentences
     from nmtkit.data.vocab import Vocab
     from nmtkit.decoding.torch_engine import TorchEngine
@@ -221,21 +223,26 @@ def test_translating_a_source_longer_than_max_positions(positions, truncated, ti
     options = TranslateOptions(beam_size=2, max_len_a=0.0, max_len_b=12, device="cpu", dtype="float32")
     translator = Translator(TorchEngine.from_loaded([load_model_dir(tmp_path / "m")], options), options)
     out = translator.translate([long_line, "the cat"])
-    assert len(out) == 2 and translator.truncated == truncated
+    assert len(out) == 2 and translator.truncated == 1 and translator.input_limit == 8
+    huge = " ".join(tiny_sentences(3000, seed=2))
+    assert len(huge) > 8 * 64
+    assert translator.encode([huge, "the cat"]) == [Vocab(tiny_spm).encode(huge)[:8], Vocab(tiny_spm).encode("the cat")]
+    assert translator.truncated == 2
 
 
-def test_learned_positions_refuse_long_training_sentences(tmp_path):
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_position_tables_refuse_long_training_sentences(tmp_path, positions):
     import yaml
 
     from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=6), reversal_pairs(5, 1, length=6))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(tiny_recipe(tmp_path, model={"positions": "learned", "max_positions": 5})))
+    recipe.write_text(yaml.safe_dump(tiny_recipe(tmp_path, model={"positions": positions, "max_positions": 5})))
     done = run_cli("train", str(recipe))
     err = done.stderr.decode()
     assert done.returncode == 2 and len(err.strip().splitlines()) == 1, err
-    assert "model.max_positions=5" in err and "model.positions=learned" in err
+    assert "model.max_positions=5" in err and f"model.positions={positions}" in err
     assert not (tmp_path / "train" / "checkpoints").exists()
 
 

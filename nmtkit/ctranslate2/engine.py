@@ -33,6 +33,7 @@ from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
 from nmtkit.checksums import MANIFEST, read_manifest, verify
+from nmtkit.config import ModelConfig
 from nmtkit.errors import CheckpointError, ConfigError
 from nmtkit.modeldir import plain_name, read_json
 from nmtkit.specials import BOS, EOS, PAD
@@ -100,6 +101,9 @@ class CT2Engine:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({first})") from None
         self.options, self.max_positions = options, meta["max_positions"]
+        configured = meta.get("model", {}).get("max_positions") if isinstance(meta.get("model"), dict) else None
+        self.input_limit = self.max_positions or (configured if isinstance(configured, int) and configured > 0
+                                                  else ModelConfig().max_positions)  # see torch_engine.input_limit
         self.device = torch.device("cpu")  # where Translator pads the source ids
         self.src_vocab = Vocab(model_dir / meta["spm"]["src"])
         self.tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])

@@ -73,7 +73,8 @@ def export_verses(name: str, output: str | None, exclude: list[Path], testament:
     line by line to ``refs_output``; both checked before the module is read, written atomically."""
     if testament not in ("all", "old", "new"):
         raise ConfigError(f"--testament {testament}: choose all, old or new")
-    out, refs_out = check_output_file(output), check_output_file(refs_output, "--refs")
+    out = check_output_file(None if output == "-" else output)  # "-": stdout, as for translate
+    refs_out = check_output_file(refs_output, "--refs")
     for prepared in exclude:
         heldout_refs(prepared)  # a wrong --exclude fails before the seconds of reading the module
     refs, lines, report = select_verses(Path(sword_path), name, exclude, testament)

@@ -59,6 +59,14 @@ def load_models(model_dirs: Sequence[str], device: torch.device) -> list:
     return loaded
 
 
+def input_limit(model: Seq2Seq) -> int:
+    """The most source pieces translation reads: the position table's length, or for a model
+    without one (RoPE, ALiBi, recurrence) its ``max_positions`` setting all the same, so one
+    runaway line (a minified file, a missing newline) cannot take hours or all memory."""
+    members = getattr(model, "members", [model])  # an ensemble: its tightest member
+    return min(m.max_positions if m.max_positions is not None else m.cfg.max_positions for m in members)
+
+
 class TorchEngine:
     """A model in eval mode on ``device``, searched as the options say. ``from_loaded`` and
     ``open`` make one for translation; validation during training makes one around the live
@@ -71,6 +79,7 @@ class TorchEngine:
         self.model, self.src_vocab, self.tgt_vocab = model.eval(), src_vocab, tgt_vocab
         self.options, self.device, self.description = options, device, description
         self.max_positions = model.max_positions
+        self.input_limit = input_limit(model)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(options.seed)
         self.bound_search = bind_search(options, self.generator)

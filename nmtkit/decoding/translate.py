@@ -26,6 +26,9 @@ from nmtkit.errors import ConfigError
 _LINE_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
+_CHARS_PER_PIECE = 64  # far above SentencePiece's longest piece (16 characters by default)
+
+
 class Translator:
     """Text lines to output lines, one for one, with any engine (``torch_engine.py`` says what
     one offers): encodes, truncates to the engine's positions (counted in ``truncated``
@@ -35,7 +38,7 @@ class Translator:
     def __init__(self, engine, options: TranslateOptions) -> None:
         self.engine, self.options = engine, options
         self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
-        self.max_positions = engine.max_positions  # longer inputs are truncated
+        self.input_limit = engine.input_limit  # longer inputs are truncated
         self.truncated = 0
         self.tag = target_tag_for(self.src_vocab, options.target_lang)  # "" unless --target-lang
 
@@ -72,13 +75,16 @@ class Translator:
         return sources, [results.get(i) or [Hypothesis([], 0.0, 0.0)] for i in range(len(lines))]
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Source ids per line ([] for blank lines), cut to the model's positions."""
+        """Source ids per line ([] for blank lines), cut to ``input_limit`` pieces. A line far
+        longer than that many pieces could hold is cut as text first, so encoding a huge line
+        costs memory in proportion to the limit, not to the line."""
+        limit = self.input_limit
+        chars = limit * _CHARS_PER_PIECE
+        cut = [len(line) > chars for line in lines]
+        lines = [line[:chars] if long else line for line, long in zip(lines, cut)]
         sources = self.src_vocab.encode_batch([with_tag(line, self.tag) if line.strip() else "" for line in lines])
-        limit = self.max_positions
-        if limit is not None:
-            self.truncated += sum(len(ids) > limit for ids in sources)
-            sources = [ids[:limit] for ids in sources]
-        return sources
+        self.truncated += sum(len(ids) > limit or long for ids, long in zip(sources, cut))
+        return [ids[:limit] for ids in sources]
 
     def format(self, index: int, hyps: list[Hypothesis], src_ids: list[int], prefix: str = "") -> str:
         """The output line(s) of input ``index``. With nbest > 1 always exactly nbest lines: when the
@@ -162,5 +168,5 @@ def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: Tran
 
 def warn_truncated(translator: Translator, console) -> None:
     if translator.truncated and console is not None:
-        console.warn(f"{translator.truncated} input line(s) longer than the model's "
-                     f"{translator.max_positions} positions were truncated")
+        console.warn(f"{translator.truncated} input line(s) longer than {translator.input_limit} pieces (the "
+                     f"model's max_positions) were truncated")

@@ -150,7 +150,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
     from nmtkit.translation import open_engine
 
     options.validate()
-    limits.check(options.beam_size)
+    limits.check(options.beam_size, **{name: getattr(options, name) for name in ("lenpen", "max_len_a", "max_len_b", "min_len")})
     check_range("serve.batch_window_ms", window_ms, "--batch-window-ms")
     check_range("serve.port", port, "--port")
     sock = bind(host, port)

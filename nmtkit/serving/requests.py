@@ -46,9 +46,10 @@ class Limits:
     max_line_chars: int = 2000
     max_beam: int = 16
 
-    def check(self, beam_size: int) -> None:
-        """The limits are usable and admit the server's own ``beam_size``: a default that a
-        request could not ask for explicitly would make the two answer differently."""
+    def check(self, beam_size: int, **defaults: Any) -> None:
+        """The limits are usable and admit the server's own ``beam_size`` and other decode
+        ``defaults``: a default that a request could not ask for explicitly would make the
+        two answer differently."""
         from nmtkit.errors import ConfigError
 
         if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam) < 1:
@@ -56,6 +57,12 @@ class Limits:
         if beam_size > self.max_beam:
             raise ConfigError(f"the server's beam size {beam_size} (--beam-size, else the model's decode settings) "
                               f"is over --max-beam {self.max_beam}: give a smaller --beam-size or a larger --max-beam")
+        for name, value in defaults.items():
+            _, low, high = DECODE_RANGES[name]
+            if not low <= value <= high:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"the server's {flag} {value} ({flag}, else the model's decode settings) is outside "
+                                  f"[{low}, {high}], the range a request may ask for: give a {flag} within it")
 
 
 @dataclass(frozen=True)
