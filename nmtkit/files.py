@@ -9,6 +9,7 @@ machine, process PID no longer runs and the current user owns it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -16,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -87,7 +89,8 @@ def temp_sibling(path: str | Path, directory: bool = False) -> Path:
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temp file beside ``path``; on success fsync and rename it over ``path``."""
+    """Open a temp file beside ``path``; on success fsync and rename it over ``path``, with the
+    permission bits of the file it replaces (a private file stays private)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
@@ -96,6 +99,8 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
@@ -106,11 +111,14 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
 
 
 @contextlib.contextmanager
-def exclusive(directory: Path, holder: str) -> Iterator[None]:
+def exclusive(directory: Path, holder: str, shared: bool = False) -> Iterator[None]:
     """Hold a lock on ``directory`` (its ``.lock`` file) or fail at once: two processes writing
     the same files would corrupt them. ``holder`` names the other user in the error, with the
     pid and host it recorded in the file. The kernel releases a ``flock`` however its holder
-    exits, so the lock of a killed process is simply taken over (no guessing by pid)."""
+    exits, so the lock of a killed process is simply taken over (no guessing by pid).
+    ``shared``: a reader's hold, which any number of readers share and which keeps the
+    exclusive holder (the writer) out; a directory a reader cannot lock (read-only) is read
+    without one."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no locking
@@ -119,16 +127,28 @@ def exclusive(directory: Path, holder: str) -> Iterator[None]:
     lock_file = Path(directory) / ".lock"
     # not truncated before we hold the lock; a symbolic link there is refused (ELOOP), not
     # followed: the pid written next would overwrite whatever it points to
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:
+        if not shared or err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield
+        return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError:
             raise NmtkitError(f"{directory} is in use by {holder} ({_lock_holder(lock_file)}); "
                               f"wait for it to finish") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-        yield
+        if not shared:  # readers leave the writer's record alone
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        try:
+            yield
+        finally:
+            if not shared:  # a later refusal must not name this finished writer
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # releases the lock
 
@@ -139,7 +159,7 @@ def _lock_holder(lock_file: Path) -> str:
         text = lock_file.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         text = ""
-    return text or "a process that has not yet recorded its pid"
+    return text or "pid not recorded: a reader, or a writer just starting"
 
 
 def replace_directory(tmp: Path, out_dir: Path) -> None:

@@ -229,3 +229,72 @@ def test_resume_survives_a_torn_metrics_line_and_leftover_temp_files(reference, 
     assert_same_final_state(ref_state, final_state(run_dir))
     leftovers = [p.name for p in [*run_dir.iterdir(), *(run_dir / "checkpoints").iterdir()] if p.name.startswith(".")]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("before, after", [(0.0, 0.01), (0.01, 0.0)])
+def test_resume_applies_the_recipes_optimizer_settings(before, after):
+    """Loading a checkpoint's optimizer state must not bring back its weight decay, betas or
+    eps: the recipe's new values are what the resume message says apply."""
+    from types import SimpleNamespace
+
+    from nmtkit.config import from_dict
+    from nmtkit.training.optim import make_optimizer
+    from nmtkit.training.startup import restore
+
+    model = torch.nn.Linear(3, 2)
+    old = from_dict({"data": {"source": "files"}, "train": {"weight_decay": before, "betas": [0.9, 0.98], "eps": 1e-9}})
+    optimizer = make_optimizer(model, old, torch.device("cpu"))
+    model(torch.ones(4, 3)).sum().backward()
+    optimizer.param_groups[0]["lr"] = 0.1
+    optimizer.step()
+    ck = SimpleNamespace(weights=model.state_dict(), optimizer=optimizer.state_dict(),
+                         rng={"torch": torch.get_rng_state()}, path=Path("step_1"))
+    new = from_dict({"data": {"source": "files"}, "train": {"weight_decay": after, "betas": [0.8, 0.9], "eps": 1e-6}})
+    resumed = make_optimizer(model, new, torch.device("cpu"))
+    restore(ck, model, resumed, torch.device("cpu"))
+    group = resumed.param_groups[0]
+    assert (group["weight_decay"], group["betas"], group["eps"]) == (after, (0.8, 0.9), 1e-6)
+    assert group.get("decoupled_weight_decay", isinstance(resumed, torch.optim.AdamW)) == (after > 0)
+    state = resumed.state[model.weight]  # the moments still come from the checkpoint
+    torch.testing.assert_close(state["exp_avg"], optimizer.state[model.weight]["exp_avg"])
+
+
+def test_a_run_finished_by_max_epochs_stays_finished_and_a_raised_limit_goes_on(tmp_path):
+    """A run ended by train.max_epochs once looked unfinished: each re-run validated again,
+    appended a duplicate record and rewrote its last checkpoint."""
+    recipe = make_task(tmp_path, max_steps=100000)
+    settings = yaml.safe_load(recipe.read_text())
+    settings["train"].update(max_epochs=2, save_every=1000, validate_every=1000)
+    recipe.write_text(yaml.safe_dump(settings))
+    train_to_end(recipe)
+    metrics = (tmp_path / "train" / "metrics.jsonl").read_text()
+    first = newest_step(tmp_path / "train")
+    saved = {p: p.stat().st_mtime_ns for p in (tmp_path / "train" / "checkpoints").rglob("*")}
+    train_to_end(recipe)
+    assert (tmp_path / "train" / "metrics.jsonl").read_text() == metrics  # no second validation record
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "train" / "checkpoints").rglob("*")} == saved
+    settings["train"]["max_epochs"] = 3
+    recipe.write_text(yaml.safe_dump(settings))
+    train_to_end(recipe)
+    assert newest_step(tmp_path / "train") == first + first // 2  # one more epoch of as many updates
+
+
+def test_resume_on_a_changed_dev_set_starts_the_best_score_afresh(tmp_path):
+    """Scores on another dev set do not compare: the best score and the early-stopping count
+    earned on the old one once carried over silently."""
+    from nmtkit.data.ids import save_split
+    from nmtkit.data.vocab import Vocab
+
+    recipe = make_task(tmp_path, max_steps=4)
+    train_to_end(recipe)
+    prepared = tmp_path / "prepared"
+    vocab = Vocab(prepared / "spm.model")
+    dev = reversal_pairs(20, 7, length=5)
+    save_split(prepared / "dev.npz", vocab.encode_batch([s for s, _ in dev]), vocab.encode_batch([t for _, t in dev]))
+    settings = yaml.safe_load(recipe.read_text())
+    settings["train"]["max_steps"] = 8
+    recipe.write_text(yaml.safe_dump(settings))
+    resumed = train_to_end(recipe)
+    assert "the dev set changed since step 4 scored the best" in " ".join(resumed.stderr.split())
+    state = json.loads((tmp_path / "train" / "checkpoints" / "step_00000008" / "trainer.json").read_text())
+    assert state["trainer"]["best_step"] == 8 and len(state["trainer"]["dev_sha256"]) == 64

@@ -4,6 +4,7 @@ warnings and errors."""
 from __future__ import annotations
 
 import fcntl
+import os
 import sys
 
 import pytest
@@ -70,6 +71,25 @@ def test_a_prepare_in_progress_exits_1(command, files_recipe, tmp_path, monkeypa
     assert_error(code, err, 1, "is in use by another `nmtkit prepare`")
 
 
+def test_prepare_waits_for_trainings_reading_the_directory_and_they_for_it(files_recipe, tmp_path, monkeypatch,
+                                                                           capsys):
+    """A training holds prepared/ shared (a sweep's trainings share it): a `prepare` would rewrite
+    the ids and SentencePiece models that each of its checkpoints copies."""
+    from nmtkit.errors import NmtkitError
+    from nmtkit.files import exclusive
+
+    write_prepared(tmp_path / "work", reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
+    prepared = tmp_path / "work" / "prepared"
+    with exclusive(prepared, "`nmtkit prepare`", shared=True), exclusive(prepared, "`nmtkit prepare`", shared=True):
+        code, err = cli(monkeypatch, capsys, "-q", "prepare", files_recipe())  # two readers, no writer
+        assert_error(code, err, 1, "is in use by another `nmtkit prepare` or a `nmtkit train` reading it")
+    with exclusive(prepared, "another `nmtkit prepare`"):
+        code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe())
+    assert_error(code, err, 1, f"{prepared} is in use by `nmtkit prepare` (pid {os.getpid()} on ")
+    with exclusive(prepared, "another `nmtkit prepare`"):  # free again once the readers are gone
+        pass
+
+
 def test_train_missing_packages_exit_1_and_changed_models_or_damaged_checkpoints_exit_2(files_recipe, tmp_path, monkeypatch, capsys):
     write_prepared(tmp_path / "work", reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
@@ -122,3 +142,36 @@ def test_a_model_too_big_for_the_memory_is_one_line_and_dry_run_still_answers(fi
                  "make model dimensions, layers or vocab.size smaller")
     code, err = cli(monkeypatch, capsys, "-q", "train", files_recipe(), "--dry-run")
     assert code == 0 and "parameters: total" in err, err
+
+
+def test_train_refuses_data_or_vocab_settings_that_prepared_was_not_made_with(files_recipe, monkeypatch, capsys):
+    """`train r.yaml vocab.size=N` on another prepare once trained the old vocabulary silently."""
+    recipe = files_recipe()
+    code, err = cli(monkeypatch, capsys, "-q", "prepare", recipe)
+    assert code == 0, err
+    size = yaml.safe_load(open(recipe))["vocab"]["size"]
+    for overrides, change in ((["vocab.size=12"], f"vocab.size: {size} -> 12"),
+                              (["data.clean.max_ratio=2.5"], "data.clean.max_ratio: 3.0 -> 2.5")):
+        code, err = cli(monkeypatch, capsys, "-q", "train", recipe, *overrides)
+        assert_error(code, err, 2, f"was made with other data or vocab settings than the recipe's: {change}; "
+                                   f"run `nmtkit prepare` on this recipe first")
+    code, err = cli(monkeypatch, capsys, "-q", "train", recipe, "vocab.workers=1", "train.max_steps=2")
+    assert code == 0, err  # a speed setting is not a difference
+
+
+def test_prepare_never_replaces_a_config_yaml_it_did_not_write(files_recipe, tmp_path, monkeypatch, capsys):
+    """A recipe named config.yaml in its own workdir (``workdir: .``) was rewritten as a resolved
+    dump, its comments lost; a config.yaml nmtkit wrote is still updated."""
+    work = tmp_path / "work"
+    work.mkdir()
+    mine = work / "config.yaml"
+    mine.write_text("# my recipe\n" + open(files_recipe()).read())
+    code, err = cli(monkeypatch, capsys, "-q", "prepare", str(mine))
+    assert_error(code, err, 2, f"{mine} exists and nmtkit did not write it")
+    assert mine.read_text().startswith("# my recipe\n")
+    other = files_recipe()
+    mine.unlink()
+    assert cli(monkeypatch, capsys, "-q", "prepare", other)[0] == 0
+    saved = mine.read_text()
+    assert cli(monkeypatch, capsys, "-q", "prepare", other, "data.clean.max_ratio=2.5")[0] == 0
+    assert mine.read_text() != saved and "max_ratio: 2.5" in mine.read_text()

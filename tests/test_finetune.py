@@ -116,6 +116,9 @@ def test_vocab_from_must_fit_the_recipe(general, tmp_path):
     with pytest.raises(ConfigError, match=r"^vocab.type is bpe but .*spm.model \(vocab.from\) is a unigram model; "
                                           r"set vocab.type: unigram$"):
         run_prepare(prepared_recipe(tmp_path / "t", tiny_sentences(30), type="bpe", **{"from": str(general)}))
+    run_prepare(prepared_recipe(tmp_path / "u", tiny_sentences(30), type="unigram", **{"from": str(general)}))
+    with pytest.raises(ConfigError, match=r"^vocab.type is bpe but"):  # after a good prepare: not "up to date"
+        run_prepare(prepared_recipe(tmp_path / "u", tiny_sentences(30), type="bpe", **{"from": str(general)}))
     with pytest.raises(ConfigError, match="^vocab.character_coverage applies when SentencePiece is trained"):
         from_dict({"data": {"source": "files"}, "vocab": {"from": "x", "character_coverage": 0.99}})
     cfg = load_config(None, ["data.source=files", f"vocab.from={general}"])

@@ -60,7 +60,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, prepared, monkeyp
     code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe))
     assert code == 0, err
     assert (tmp_path / "train" / "checkpoints" / "step_00000002").is_dir()
-    assert (tmp_path / ".lock").read_text() == f"pid {os.getpid()} on {socket.gethostname()}\n"
+    assert (tmp_path / ".lock").read_text() == ""  # a finished holder is no longer named in a refusal
 
 
 # --- a run resumes only on the data it started on (issue 14, item 1) ------------------------------
@@ -110,6 +110,15 @@ def test_train_refuses_to_resume_on_re_prepared_data(tmp_path, monkeypatch, caps
     assert json.loads((run_dir / "data.json").read_text())["train"]["pairs"] == 130
     moved = [p for p in (tmp_path / "work").iterdir() if p.name.startswith("train.old-")]
     assert len(moved) == 1 and (moved[0] / "checkpoints" / "step_00000002").is_dir()  # kept, not deleted
+    import nmtkit.training.trainer as trainer
+
+    monkeypatch.setattr(trainer.time, "strftime", lambda *args: "20260101-000000")  # two restarts in one second
+    for _ in range(2):  # each restart keeps the run before it
+        code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe), "train.max_steps=2", "--restart")
+        assert code == 0, err
+    moved = [p for p in (tmp_path / "work").iterdir() if p.name.startswith("train.old-")]
+    assert len(moved) == 3 and all((p / "checkpoints").is_dir() for p in moved)
+    assert (tmp_path / "work" / "train.old-20260101-000000-2").is_dir()
 
 
 def test_the_same_data_prepared_again_resumes(tmp_path, monkeypatch, capsys):

@@ -206,6 +206,11 @@ def test_interrupted_step_is_redone(recipe, tmp_path, monkeypatch):
         run(recipe, "data.clean.max_ratio=2.5")
     assert not (out / "stamps" / "encode.json").exists()  # no stamp: the step did not finish
     assert not list(out.glob(".*.tmp"))
+    from nmtkit.data.ids import prepared_file
+    from nmtkit.errors import DataError
+
+    with pytest.raises(DataError, match="is incomplete: the last `nmtkit prepare` did not finish"):
+        prepared_file(out / "train.npz")  # training must not read a half-updated directory
     monkeypatch.undo()
     summary, _ = run(recipe, "data.clean.max_ratio=2.5")
     assert summary["steps"] == {"fetch": "up to date", "spm": "up to date", "encode": "done"}
@@ -385,3 +390,14 @@ def test_text_written_in_blocks_is_written_line_by_line(tmp_path, monkeypatch):
                         for pair in pairs)
         assert (tmp_path / f"t.{lang}").read_bytes() == text
         assert report[f"t.{lang}"] == {"lines": 7, "bytes": len(text), "sha256": hashlib.sha256(text).hexdigest()}
+
+
+def test_without_dedup_the_summary_says_duplicates_were_not_checked(recipe):
+    """clean.dedup=false turns off the duplicate and held-out filters: "0" would read as none found."""
+    summary, printed = run(recipe, "data.clean.dedup=false")
+    rows = [" ".join(line.split()) for line in printed.splitlines() if "dropped:" in line]
+    assert any("dropped: heldout" in row and "not checked (clean.dedup=false)" in row for row in rows), printed
+    assert any("dropped: duplicate" in row and "not checked" in row for row in rows)
+    assert summary["settings"]["data"]["clean"]["dedup"] is False
+    _, printed = run(recipe)
+    assert "not checked" not in printed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 import sys
@@ -65,6 +66,10 @@ BAD_RECIPES = [  # (recipe text or None for a missing file, overrides, fragment 
     ("train: {max_steps: [1\n", [], "not a valid YAML recipe"),
     ("- a list\n- not a mapping\n", [], "a recipe must be a mapping of sections"),
     ("train: 5\n", [], "train: expected a mapping, got 5"),
+    ("train: false\n", [], "train: expected a mapping, got False"),
+    ("data: {clean: false}\n", [], "data.clean: expected a mapping, got False"),
+    ("", ["data.clean=0"], "data.clean: expected a mapping, got 0"),
+    ("data: {clean: []}\n", [], "data.clean: expected a mapping, got []"),
     ("train: {learning_rate: 1}\n", [], "unknown config key train.learning_rate; valid keys under train:"),
     ("modle: {}\n", [], "unknown config key modle"),
     ("", ["model.d_model=30", "model.heads=4"], "model.d_model (30) must be divisible by model.heads (4)"),
@@ -175,11 +180,33 @@ def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
     assert target.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    from nmtkit.files import UMASK, atomic_write_text
+
+    private, fresh = tmp_path / "private.txt", tmp_path / "fresh.txt"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    atomic_write_text(private, "new\n")
+    atomic_write_text(fresh, "new\n")
+    assert private.read_text() == "new\n" and private.stat().st_mode & 0o777 == 0o600
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~UMASK
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file, as a shell redirect does")
+def test_a_read_only_output_is_refused(tmp_path):
+    from nmtkit.errors import ConfigError
+    from nmtkit.outputs import check_output_file
+
+    locked = tmp_path / "locked.txt"
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    with pytest.raises(ConfigError, match="is read-only: nmtkit will not replace it"):
+        check_output_file(locked)
+
+
 def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monkeypatch):
     """With the user's own ``.out.old`` in the way, the old copy is parked under a name that
     the next write's stale-temp cleaning leaves alone, even after its process has died."""
-    import os
-
     from nmtkit import files
 
     out = tmp_path / "out"

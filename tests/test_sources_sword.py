@@ -236,3 +236,17 @@ def test_prepare_on_the_bible(aligned, monkeypatch, tmp_path):
     assert len((out / "test.es").read_text(encoding="utf-8").splitlines()) == 1000
     assert summary["provenance"]["dropped_verses"]["missing_tgt"] > 0
     assert summary["cleaning"]["read"] == 1000 and summary["vocab"]["size"]["src"] == 300
+
+
+def test_fingerprint_knows_which_module_is_the_source(tmp_path):
+    """Swapping sword_src and sword_tgt must fetch again (the stamp once sorted them away)."""
+    from nmtkit.data.steps import _key
+
+    (tmp_path / "mods.d").mkdir()
+    for name in ("one", "two"):
+        (tmp_path / "mods.d" / f"{name}.conf").write_text(f"[{name}]\nDataPath=./{name}/\nVersion=1.{len(name)}\n")
+    forward = DataConfig(source="sword", sword_path=str(tmp_path), sword_src="one", sword_tgt="two")
+    backward = DataConfig(source="sword", sword_path=str(tmp_path), sword_src="two", sword_tgt="one")
+    assert sword.fingerprint(forward)["modules"][0][0] == "one"
+    assert _key(sword.fingerprint(forward)) != _key(sword.fingerprint(backward))
+    assert _key(sword.fingerprint(forward)) == _key(sword.fingerprint(forward))

@@ -90,7 +90,8 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
         field_name = fields[name]
         hint = hints[field_name]
         if dataclasses.is_dataclass(hint):
-            kwargs[field_name] = _build(hint, value or {}, f"{prefix}{name}.")
+            # an empty section (None) is the defaults; `clean: false` is not "no cleaning": refused below
+            kwargs[field_name] = _build(hint, {} if value is None else value, f"{prefix}{name}.")
         else:
             kwargs[field_name] = _coerce(value, hint, f"{prefix}{name}")
     return cls(**kwargs)
@@ -169,14 +170,47 @@ def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) 
     return from_dict(apply_overrides(raw, list(overrides or [])))
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
+SAVED_HEADER = "# The resolved recipe, written by nmtkit (which rewrites this file).\n"
+
+
+def save_config(cfg: Config, path: str | Path, only_ours: bool = False) -> None:
     """Write the resolved config as YAML (atomically). A file that already holds it is left alone
-    (and its mtime): prepare and every training session save theirs, mostly unchanged."""
+    (and its mtime): prepare and every training session save theirs, mostly unchanged. With
+    ``only_ours`` (the work directory's, where a user's file may be), a file there that nmtkit
+    did not write (no header, and not a whole resolved config as older versions wrote: a
+    user's recipe named config.yaml in ``workdir: .``) is not replaced."""
     import yaml
 
     from nmtkit.files import write_text_if_changed
 
-    write_text_if_changed(path, yaml.safe_dump(_plain(cfg.to_dict()), sort_keys=False))
+    tree = _plain(cfg.to_dict())
+    path = Path(path)
+    if only_ours and path.is_file() and not _written_by_nmtkit(path, tree):
+        raise ConfigError(f"{path} exists and nmtkit did not write it (it is where nmtkit keeps the resolved "
+                          f"recipe); move it, or choose another workdir")
+    write_text_if_changed(path, SAVED_HEADER + yaml.safe_dump(tree, sort_keys=False))
+
+
+def _written_by_nmtkit(path: Path, tree: dict) -> bool:
+    """Whether ``path`` is a saved config: it starts with the header, or (an older nmtkit's,
+    which wrote none) holds nearly every key of every section, as only a resolved config does
+    (a recipe names what differs from the defaults; an older version lacks keys added since)."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if text.startswith(SAVED_HEADER):
+        return True
+    try:
+        saved = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    sections = [key for key, value in tree.items() if isinstance(value, dict)]
+    return isinstance(saved, dict) and all(
+        isinstance(saved.get(key), dict) and len(set(saved[key]) & set(tree[key])) >= 0.8 * len(tree[key])
+        for key in sections)
 
 
 def _plain(obj: Any) -> Any:

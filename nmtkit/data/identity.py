@@ -17,6 +17,28 @@ from nmtkit.data.ids import ParallelIds
 from nmtkit.files import atomic_write_text, sha256_file
 
 
+def prepared_settings(cfg) -> dict:
+    """The recipe settings prepared/ is made from: ``data`` (without the corpora's weights,
+    which training applies) and ``vocab`` (without ``workers``, a speed). ``prepare`` records
+    them in manifest.json; ``train`` refuses a recipe that asks for others, which it would
+    otherwise accept and silently ignore (``train r.yaml vocab.size=4000`` on an 8k prepare)."""
+    tree = cfg.to_dict()
+    data = {**tree["data"], "corpora": [{k: v for k, v in c.items() if k != "weight"} for c in tree["data"]["corpora"]]}
+    return {"data": data, "vocab": {k: v for k, v in tree["vocab"].items() if k != "workers"}}
+
+
+def settings_changes(recorded: dict, current: dict, prefix: str = "") -> list[str]:
+    """``key: recorded -> current`` for each dotted key whose value differs."""
+    out = []
+    for key in sorted(set(recorded) | set(current), key=str):
+        old, new = recorded.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += settings_changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            out.append(f"{prefix}{key}: {json.dumps(old, ensure_ascii=False)} -> {json.dumps(new, ensure_ascii=False)}")
+    return out
+
+
 def identity(spm_models: dict[str, Path], train: ParallelIds) -> dict:
     """Checksums of the SentencePiece model(s) and of the training ids, with their counts."""
     return {"spm": {name: sha256_file(path) for name, path in sorted(spm_models.items())},

@@ -174,7 +174,12 @@ def save_split(path: str | Path, src: Sequence[Sequence[int]], tgt: Sequence[Seq
 
 def prepared_file(path: Path) -> Path:
     """``path`` (a file of a prepared directory), verified against the directory's checksums.json
-    (when ``prepare`` wrote one): a damaged file is a DataError before anything reads it."""
+    (when ``prepare`` wrote one): a damaged file is a DataError before anything reads it. A
+    directory a ``prepare`` left unfinished (its ``.unfinished`` mark: a step changed its outputs
+    and prepare did not get to the end) may mix old and new files (a new SentencePiece model
+    beside ids of the old one), so it is refused too."""
+    if (path.parent / ".unfinished").exists():
+        raise DataError(f"{path.parent} is incomplete: the last `nmtkit prepare` did not finish; run it again")
     verify(path.parent, [path.name], DataError, hint="; delete it and rerun `nmtkit prepare`")
     return path
 

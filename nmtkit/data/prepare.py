@@ -54,11 +54,11 @@ from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder, Tally, encode_split
 from nmtkit.data.ids import SplitWriter
-from nmtkit.data.identity import changes, identity, read_record
+from nmtkit.data.identity import changes, identity, prepared_settings, read_record
 from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
-from nmtkit.data.steps import consume, current_report, remove_leftovers, run_step
+from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
 from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
@@ -78,9 +78,9 @@ def prepare(cfg: Config, console) -> dict:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}; they must differ")
     out = WorkDir.of(cfg).prepared
     out.mkdir(parents=True, exist_ok=True)
-    with exclusive(out, "another `nmtkit prepare`"):
+    with exclusive(out, "another `nmtkit prepare` or a `nmtkit train` reading it"):
         remove_leftovers(out)
-        save_config(cfg, WorkDir.of(cfg).config)  # left alone when unchanged
+        save_config(cfg, WorkDir.of(cfg).config, only_ours=True)  # left alone when unchanged
         status = {}
         fetch, spm, encoded = _run_steps(cfg, out, console, status)
         consumed = _consume_fetched_train(out, cfg.data, fetch)
@@ -90,6 +90,7 @@ def prepare(cfg: Config, console) -> dict:
         if rewritten or consumed or "done" in status.values() or not (out / MANIFEST).is_file():
             write_manifest(out, [p.name for p in out.iterdir()
                                  if p.is_file() and not p.name.startswith(".") and p.name != MANIFEST])
+        (out / UNFINISHED).unlink(missing_ok=True)  # every step done and recorded: training may read it
         if "done" in (status["spm"], status["encode"]):
             _warn_if_a_run_is_left_behind(cfg, out, console)
     print_summary(console, manifest, status, out)
@@ -205,7 +206,7 @@ def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     if vocab.from_:  # the reused models themselves, whatever text they were trained on
         models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
         inputs = {"format": FORMAT, "from": {name: sha256_file(path) for name, path in models.items()},
-                  "size": vocab.size}
+                  "size": vocab.size, "type": vocab.type}  # the type: checked against the models on a re-run
     else:
         settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
                                                          "input_sentence_size")}
@@ -361,6 +362,7 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
                   "models": {name: info["sha256"] for name, info in spm["models"].items()},
                   **({"from": spm["from"]} if "from" in spm else {})},
         "tokens": encoded["tokens"],
+        "settings": prepared_settings(cfg),  # what `train` checks its recipe against
         # <unk> ids per split and side (stamps of an older nmtkit lack them until the next encode)
         **({"unknown": encoded["unknown"]} if "unknown" in encoded else {}),
         **({"corpora": _corpora_counts(fetch["corpora"], encoded["corpora"])} if "corpora" in encoded else {}),

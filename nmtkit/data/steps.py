@@ -37,6 +37,7 @@ def run_step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, 
         return report, "up to date"
     _stamp_path(out, name).unlink(missing_ok=True)  # outputs are about to change: no stamp until they are
     (out / MANIFEST).unlink(missing_ok=True)  # complete, and no checksums (rewritten at the end)
+    (out / UNFINISHED).touch()  # until prepare ends: training refuses a directory of old and new files
     start = time.perf_counter()
     report, outputs = work()
     _write_stamp(out, name, {"key": _key(inputs), "inputs": inputs,
@@ -111,6 +112,9 @@ def _file_state(path: Path) -> list[int] | None:
     except FileNotFoundError:
         return None
     return [stat.st_size, stat.st_mtime_ns]
+
+
+UNFINISHED = ".unfinished"  # in prepared/ while a step's outputs and the others' may not match
 
 
 def remove_leftovers(out: Path) -> None:

@@ -15,8 +15,10 @@ def print_summary(console, manifest: dict, status: dict, out: Path) -> None:
     for column in ("", "pairs", "src tokens", "tgt tokens"):
         table.add_column(column, justify="left" if not column else "right")
     table.add_row("train read", f"{cleaning['read']:,}", "", "")
+    dedup = manifest.get("settings", {}).get("data", {}).get("clean", {}).get("dedup", True)
     for rule, count in cleaning["dropped"].items():
-        table.add_row(f"  dropped: {rule}", f"{count:,}", "", "")
+        unchecked = rule in ("duplicate", "heldout") and dedup is False  # a 0 would read as "none found"
+        table.add_row(f"  dropped: {rule}", "not checked (clean.dedup=false)" if unchecked else f"{count:,}", "", "")
     for split, info in manifest["splits"].items():  # train, dev, test
         tokens = manifest["tokens"][split]
         table.add_row(split, f"{info['pairs']:,}", f"{tokens['src']:,}", f"{tokens['tgt']:,}")

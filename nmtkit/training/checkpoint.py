@@ -46,6 +46,7 @@ class TrainerState:
     skipped_steps: int = 0
     train_seconds: float = 0.0
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
+    dev_sha256: str = ""  # the dev ids best_score was earned on ("": a checkpoint of an older nmtkit)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -172,6 +173,8 @@ def trainer_state(raw: dict) -> TrainerState:
         value = getattr(state, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if not isinstance(state.dev_sha256, str):
+        raise ValueError(f"dev_sha256 must be text, got {state.dev_sha256!r}")
     if state.epoch_batches and state.batch_in_epoch > state.epoch_batches:
         raise ValueError(f"batch_in_epoch {state.batch_in_epoch} is past the end of its epoch "
                          f"({state.epoch_batches} batches)")

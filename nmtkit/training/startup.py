@@ -10,11 +10,11 @@ from typing import Callable, Optional
 import torch
 
 from nmtkit.config import Config
-from nmtkit.data.identity import changes, identity, read_record, write_record
+from nmtkit.data.identity import changes, identity, prepared_settings, read_record, settings_changes, write_record
 from nmtkit.data.ids import ParallelIds, load_split, prepared_file
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.errors import CheckpointError, ConfigError, DataError
-from nmtkit.files import exclusive, read_lines, shown_path
+from nmtkit.files import exclusive, read_json_dict, read_lines, shown_path
 from nmtkit.modeldir import load_weights
 from nmtkit.runlog import check_resume_settings
 from nmtkit.training import distributed as dist
@@ -22,12 +22,13 @@ from nmtkit.training.checkpoint import LoadedCheckpoint, check_fits, checkpoint_
 from nmtkit.workdir import RunDir, WorkDir
 
 
-def refuse_beyond_table(data: ParallelIds, max_positions: int, where: Path) -> None:
-    """A learned position table has no row past ``max_positions``: cutting the sentences that
-    need one would train on silently changed data, so training refuses them instead."""
+def refuse_beyond_table(data: ParallelIds, positions: str, max_positions: int, where: Path) -> None:
+    """A position table (learned or sinusoidal) has no row past ``max_positions``: cutting the
+    sentences that need one would train on silently changed data (a cut target followed by EOS
+    teaches the model to stop early), so training refuses them instead."""
     longest = max(int(data.src_lengths().max()), int(data.tgt_lengths().max()) + 1)  # targets start with BOS
     if longest > max_positions:
-        raise ConfigError(f"{where} has a sentence of {longest} positions but model.positions=learned has "
+        raise ConfigError(f"{where} has a sentence of {longest} positions but model.positions={positions} has "
                           f"model.max_positions={max_positions} rows; raise model.max_positions, or lower "
                           f"data.clean.max_len and prepare again")
 
@@ -66,9 +67,15 @@ def newest_checkpoint(cfg: Config, run_dir: Path, model, optimizer, console) -> 
 
 
 def restore(ck: LoadedCheckpoint, model, optimizer, device: torch.device) -> None:
-    """Weights, optimizer state and random state as they were when ``ck`` was saved."""
+    """Weights, optimizer state and random state as they were when ``ck`` was saved. The
+    optimizer's settings (betas, eps, weight decay, fused kernels) stay the recipe's: loading a
+    state dict would bring back the checkpoint's, silently undoing a changed
+    ``train.weight_decay`` that the resume message says applies."""
     load_weights(model, {k: v.to(device) for k, v in ck.weights.items()}, ck.path)
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     optimizer.load_state_dict(ck.optimizer)
+    for group, chosen in zip(optimizer.param_groups, settings):
+        group.update(chosen)  # the learning rate is set again at every step anyway
     torch.set_rng_state(ck.rng["torch"])
     if "cuda" in ck.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(ck.rng["cuda"])
@@ -83,7 +90,23 @@ def prepared_vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
         raise DataError(f"{shown_path(src_path, 'workdir', cfg.work_path)} not found: run `nmtkit prepare` on this "
                         f"recipe first")
     src_path, tgt_path = prepared_file(src_path), prepared_file(tgt_path)
+    check_prepared_settings(cfg, prepared)
     return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
+
+
+def check_prepared_settings(cfg: Config, prepared: Path) -> None:
+    """A DataError when the recipe's data or vocab settings are not the ones prepared/ was made
+    with (recorded by ``prepare`` in manifest.json; an older manifest records none)."""
+    manifest = read_json_dict(prepared_file(prepared / "manifest.json")) if (prepared / "manifest.json").is_file() \
+        else None
+    recorded = (manifest or {}).get("settings")
+    if not isinstance(recorded, dict):
+        return
+    differ = settings_changes(recorded, prepared_settings(cfg))
+    if differ:
+        more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        raise DataError(f"{prepared} was made with other data or vocab settings than the recipe's: "
+                        f"{differ[0]}{more}; run `nmtkit prepare` on this recipe first")
 
 
 def load_training_data(cfg: Config, vocab_sizes: tuple[int, int]
@@ -98,6 +121,17 @@ def load_training_data(cfg: Config, vocab_sizes: tuple[int, int]
     if len(train) == 0:
         raise DataError(f"{work.ids('train')} holds no sentence pairs")
     return train, dev, dev_sources, dev_refs
+
+
+def prepared_lock(cfg):
+    """A shared hold on the work directory's prepared/ for the whole run: any number of
+    trainings (a sweep's variants) read it at once, but ``nmtkit prepare``, which takes it
+    exclusively, cannot rewrite the ids or the SentencePiece models that every checkpoint
+    copies while a run is using them."""
+    prepared = WorkDir.of(cfg).prepared
+    if not prepared.is_dir():  # prepared_vocabs says how to make it
+        return contextlib.nullcontext()
+    return exclusive(prepared, "`nmtkit prepare`", shared=True)
 
 
 def run_lock(run_dir: Path):

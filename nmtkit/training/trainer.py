@@ -41,8 +41,8 @@ from nmtkit.training.precision import LossScaler
 from nmtkit.training.routing import RouterWindow, router_penalty
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.signals import StopFlag
-from nmtkit.training.startup import (check_data, load_training_data, newest_checkpoint, prepared_vocabs,
-                                     refuse_beyond_table, restore, run_lock)
+from nmtkit.training.startup import (check_data, load_training_data, newest_checkpoint, prepared_lock,
+                                     prepared_vocabs, refuse_beyond_table, restore, run_lock)
 from nmtkit.training.summary import print_dry_run, print_summary
 from nmtkit.training.validation import dev_bleu, dev_loss
 from nmtkit.workdir import RunDir, WorkDir
@@ -62,6 +62,11 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     if dry_run:
         print_dry_run(cfg, console, device, dtype)
         return None
+    with prepared_lock(cfg):  # a `prepare` must not rewrite the data or vocabularies under the run
+        return _train_locked(cfg, console, device, dtype, restart)
+
+
+def _train_locked(cfg: Config, console, device: torch.device, dtype, restart: bool) -> Optional[Path]:
     src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
     if device.type == "cpu":
         configure_threads(cfg.train.threads, console)
@@ -70,7 +75,11 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     run_dir = WorkDir.of(cfg).run.path
     with run_lock(run_dir):
         if restart and dist.is_main() and run_dir.exists():
-            backup = run_dir.with_name(f"train.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            name = f"train.old-{time.strftime('%Y%m%d-%H%M%S')}"
+            backup, n = run_dir.with_name(name), 1
+            while os.path.lexists(backup):  # a second --restart within the same second
+                n += 1
+                backup = run_dir.with_name(f"{name}-{n}")
             os.replace(run_dir, backup)
             console.warn(f"--restart: moved the previous run to {backup}")
         dist.barrier()
@@ -107,11 +116,11 @@ class Trainer:
         self.model_dim = cfg.model.width  # the noam schedule's d_model
         self.max_len = getattr(model, "max_positions", None)
         m = cfg.model
-        if m.arch == "transformer" and m.positions == "learned":
-            refuse_beyond_table(self.train_data, m.max_positions, WorkDir.of(cfg).ids("train"))
+        if self.max_len is not None:  # sinusoidal or learned positions: a table of max_positions
+            refuse_beyond_table(self.train_data, m.positions, self.max_len, WorkDir.of(cfg).ids("train"))
         self.optimizer = make_optimizer(self.model, cfg, device)
         self.loss_scaler = LossScaler(dtype, device)  # fp16 only
-        self.state = TrainerState()
+        self.state = TrainerState(dev_sha256=self.dev.digest())
         self.ema: Optional[dict[str, torch.Tensor]] = None
         # the decode settings travel with every model directory, so `translate -m` decodes as the
         # recipe said; average_last is the default of `nmtkit average --last`
@@ -137,6 +146,13 @@ class Trainer:
             restore(ck, self.model, self.optimizer, self.device)
             self.state = ck.trainer
             self.loss_scaler.load(self.state.loss_scaler)
+            dev = self.dev.digest()
+            if self.state.dev_sha256 and self.state.dev_sha256 != dev and self.state.best_score is not None:
+                self.console.warn(f"the dev set changed since step {self.state.best_step} scored the best "
+                                  f"{self.state.best_score:.2f}: scores on it no longer compare, so the best score "
+                                  f"and the early-stopping count start afresh (the next validation writes best/)")
+                self.state.best_score, self.state.bad_validations = None, 0
+            self.state.dev_sha256 = dev
             if "init_from" in ck.meta:  # a fine-tuning run: its own checkpoints say where it started
                 self.meta["init_from"] = ck.meta["init_from"]
         self.ema = restored_ema(ck.ema if ck is not None else None, self.model, self.cfg.train.ema_decay, self.device)
@@ -326,8 +342,10 @@ class Trainer:
                 if step % t.save_every == 0 and dist.is_main():
                     path = self._save()
                     prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
-            else:
+            else:  # the last epoch is done: saved as "epoch max_epochs, no batch yet", so that a re-run
+                # sees a finished run and a raised train.max_epochs resumes with the next epoch
                 reason = "max_epochs"
+                self.state.epoch, self.state.batch_in_epoch, self.state.epoch_batches = t.max_epochs, 0, 0
         if reason != "signal" and (self.state.step % t.validate_every):
             self._validate()
         return reason

@@ -23,6 +23,9 @@ def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]
     if not isinstance(data.files, dict) or not data.files:
         raise ConfigError("data.files: give {train, dev, test} each with "
                           f"{data.src_lang} and {data.tgt_lang} paths (data.source=files)")
+    unread = [str(key) for key in data.files if key not in splits]
+    if unread:  # a `valid:` or `test2:` beside dev would be silently ignored
+        raise ConfigError(f"data.files.{unread[0]}: not a split nmtkit reads here (it reads {', '.join(splits)})")
     out = {}
     for split in splits:
         entry = data.files.get(split)
@@ -33,6 +36,8 @@ def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]
             if not entry.get(lang):
                 raise ConfigError(f"data.files.{split}.{lang}: missing (languages given: {', '.join(map(str, entry))})")
             path = Path(str(entry[lang])).expanduser()
+            if path.is_dir():
+                raise DataError(f"{shown_path(path, f'data.files.{split}.{lang}')} is a directory, not a text file")
             if not path.is_file():
                 raise DataError(f"file not found: {shown_path(path, f'data.files.{split}.{lang}')}")
             if path.stat().st_size == 0:

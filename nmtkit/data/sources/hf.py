@@ -122,7 +122,11 @@ def _check_languages(split, data, ours: str) -> None:
 
 
 def _pairs(split, data) -> Iterator[Pair]:
-    """(source, target) rows in order; a missing text reads as empty."""
+    """(source, target) rows in order; a missing text (or a null row) reads as empty, anything
+    but text is a DataError."""
     for batch in split.iter(batch_size=BATCH_ROWS):
         for row in batch["translation"]:
-            yield row.get(data.src_lang) or "", row.get(data.tgt_lang) or ""
+            pair = tuple((row or {}).get(lang) or "" for lang in (data.src_lang, data.tgt_lang))
+            if not all(isinstance(text, str) for text in pair):
+                raise DataError(f"dataset {data.hf_name}: a translation row holds {pair!r}, not text")
+            yield pair

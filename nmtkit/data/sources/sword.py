@@ -39,12 +39,13 @@ Ref = tuple[str, int, int]  # (book name as diatheke prints it, chapter, verse)
 
 
 def fingerprint(data) -> dict:
-    """The config fields and module versions a fetch depends on."""
-    mods = {}
+    """The config fields and module versions a fetch depends on; the modules as a list, source
+    first (the stamp's JSON sorts mapping keys, which lost which one was the source)."""
+    mods = []
     for name in (data.sword_src, data.sword_tgt):
         conf_path = _conf_path(Path(data.sword_path), name)
         conf = _parse_conf(conf_path) if conf_path else {}
-        mods[name] = {key: conf.get(key, "") for key in ("Version", "SwordVersionDate", "Versification")}
+        mods.append([name, {key: conf.get(key, "") for key in ("Version", "SwordVersionDate", "Versification")}])
     found = {"sword_path": data.sword_path, "modules": mods, "dev_size": data.dev_size, "test_size": data.test_size}
     return found if data.sword_testament == "all" else {**found, "testament": data.sword_testament}
 
