@@ -142,6 +142,7 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     if input_path is not None:
         input_path = check_readable(input_path)
         if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
+            scan_state = _file_state(input_path)
             scan = scan_input(input_path, options.errors)
             side.check_count(guides, scan.lines, str(input_path))
     streaming = options.stream or (sys.stdin.isatty() if input_path is None else _is_terminal(input_path))
@@ -152,7 +153,7 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     if resumable:
         key = progress_key(model_dirs, scan, translator, side)
         _translate_resumably(translator, input_path, output_path, scan, key, functools.partial(side.slice, guides),
-                             console)
+                             console, scan_state)
     else:
         size = 1 if streaming else options.chunk_lines
         _translate_stream(translator, input_path, output_path, size, scan.lines if scan else None, side, guides,
@@ -213,9 +214,11 @@ def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes]
 
 
 def _translate_resumably(translator: Translator, input_path: Path, output_path: Path, scan: InputScan, key: str,
-                         guides_of: Callable[[int, int], Optional[list[Guide]]], console) -> None:
+                         guides_of: Callable[[int, int], Optional[list[Guide]]], console,
+                         scan_state: tuple[int, int]) -> None:
     """``-i FILE -o FILE`` through the chunk store beside the output: the chunks an earlier run
-    finished under the same ``key`` (``progress_key``) are kept, the rest translated."""
+    finished under the same ``key`` (``progress_key``) are kept, the rest translated. An input
+    that changed since it was scanned (``scan_state``: size and mtime then) writes nothing."""
     options, size = translator.options, translator.options.chunk_lines
     sizes = [min(size, scan.lines - start) for start in range(0, scan.lines, size)]
     with open_partial(output_path, key) as partial:
@@ -241,7 +244,15 @@ def _translate_resumably(translator: Translator, input_path: Path, output_path: 
                 console.info(f"{saved[0]} of {scan.lines} lines are saved in {partial.directory}: "
                              f"the same command continues from there")
             raise
+        if _file_state(input_path) != scan_state:  # grown: lines left out; changed: chunks of two texts
+            raise DataError(f"{input_path} changed while it was translated: nothing was written to {output_path}; "
+                            f"run the command again once the file is complete")
         partial.finish(len(sizes))
+
+
+def _file_state(path: Path) -> tuple[int, int]:
+    stats = os.stat(path)
+    return stats.st_size, stats.st_mtime_ns
 
 
 def translate_chunk(translator: Translator, index: int, first_line: int, chunk: list[str],

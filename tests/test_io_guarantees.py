@@ -519,3 +519,28 @@ def test_translate_detects_an_export_directory(tmp_path, model_dir):
     assert "is a CTranslate2 export" in message and "leave out --engine" in message
     message = one_line_error(run_cli("translate", "-m", str(exported), "-m", str(model_dir), input=text))
     assert "cannot ensemble the CTranslate2 export" in message
+
+
+def test_an_input_that_changes_while_it_is_translated_writes_nothing(tmp_path, model_dir, monkeypatch, capsys):
+    """A file that grew during `translate -i FILE -o FILE` once gave an output missing its new
+    lines (one output line per input line broken) with exit 0."""
+    from test_robustness import cli
+
+    import nmtkit.translation as translation
+
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("the cat sat\na red dog\n")
+    translate_chunk = translation.translate_chunk
+
+    def while_a_writer_appends(*args, **kwargs):
+        with open(source, "a") as handle:
+            handle.write("one more line\n")
+        return translate_chunk(*args, **kwargs)
+
+    monkeypatch.setattr(translation, "translate_chunk", while_a_writer_appends)
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
+    assert code == 2 and f"{source} changed while it was translated: nothing was written to {out}" in err
+    assert not out.exists()
+    monkeypatch.setattr(translation, "translate_chunk", translate_chunk)
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
+    assert code == 0 and out.read_text().count("\n") == 3  # the same command, once the file is complete
