@@ -161,6 +161,7 @@ def translate(
     target_lang: str = opts.TARGET_LANG,
     stream: bool = opts.STREAM,
     chunk_lines: int = opts.CHUNK_LINES,
+    max_source_len: int = opts.MAX_SOURCE_LEN,
 ) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
@@ -178,7 +179,7 @@ def translate(
                  batch_tokens=batch_tokens)
     options = resolve_options(
         model, flags, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
-        alignment_units=alignment_units, stream=stream, chunk_lines=chunk_lines,
+        alignment_units=alignment_units, stream=stream, chunk_lines=chunk_lines, max_source_len=max_source_len,
         sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
         compile=compile, target_lang=target_lang,
     )

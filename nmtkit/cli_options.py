@@ -64,6 +64,9 @@ TARGET_LANG = typer.Option(DEFAULTS.target_lang, "--target-lang", metavar="<lang
 STREAM = typer.Option(DEFAULTS.stream, "--stream", help="Translate each input line as it arrives and flush "
     "its output at once (always when stdin is a terminal); without it, lines are read "
     "and translated --chunk-lines at a time.")
+MAX_SOURCE_LEN = typer.Option(DEFAULTS.max_source_len, "--max-source-len", help="Source pieces read per line; "
+    "longer lines are cut with a warning (0: the model's max_positions; a model with a sinusoidal or learned "
+    "position table cannot go past it, rope, alibi and rnn can).")
 CHUNK_LINES = typer.Option(DEFAULTS.chunk_lines, "--chunk-lines", help="Lines read, translated and written at "
     "a time; with -i FILE -o FILE each finished chunk is saved beside the output, so "
     "the same command after a crash continues from the last one.")

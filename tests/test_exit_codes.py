@@ -155,6 +155,8 @@ def test_train_refuses_data_or_vocab_settings_that_prepared_was_not_made_with(fi
         code, err = cli(monkeypatch, capsys, "-q", "train", recipe, *overrides)
         assert_error(code, err, 2, f"was made with other data or vocab settings than the recipe's: {change}; "
                                    f"run `nmtkit prepare` on this recipe first")
+    code, err = cli(monkeypatch, capsys, "train", recipe, "vocab.size=12", "--dry-run")
+    assert code == 0 and "was made with other data or vocab settings" in " ".join(err.split())  # said, not hidden
     code, err = cli(monkeypatch, capsys, "-q", "train", recipe, "vocab.workers=1", "train.max_steps=2")
     assert code == 0, err  # a speed setting is not a difference
 
@@ -175,3 +177,24 @@ def test_prepare_never_replaces_a_config_yaml_it_did_not_write(files_recipe, tmp
     saved = mine.read_text()
     assert cli(monkeypatch, capsys, "-q", "prepare", other, "data.clean.max_ratio=2.5")[0] == 0
     assert mine.read_text() != saved and "max_ratio: 2.5" in mine.read_text()
+    # an older nmtkit's dump: no header, keys since added missing, keys since removed present
+    older = yaml.safe_load(mine.read_text())
+    for section, key in (("model", "key_dim"), ("vocab", "from"), ("model", "moe_experts")):
+        older[section].pop(key)
+    older["train"]["workers"] = 0
+    mine.write_text(yaml.safe_dump(older, sort_keys=False))
+    assert cli(monkeypatch, capsys, "-q", "prepare", other)[0] == 0
+    assert mine.read_text().startswith("# The resolved recipe, written by nmtkit")
+
+
+def test_settings_an_older_prepare_did_not_record_count_at_their_defaults():
+    """A data or vocab key added to nmtkit later must not make every earlier prepare a difference."""
+    from nmtkit.config import from_dict
+    from nmtkit.data.identity import prepared_settings, settings_changes, with_defaults
+
+    cfg = from_dict({"data": {"corpora": [{"name": "a", "source": "files", "files": {"train": {"en": "x", "es": "y"}}}]}})
+    recorded = prepared_settings(cfg)
+    del recorded["vocab"]["input_bytes"], recorded["data"]["clean"]["dedup"], recorded["data"]["corpora"][0]["tag"]
+    assert settings_changes(with_defaults(recorded), prepared_settings(cfg)) == []
+    recorded["vocab"]["size"] = 4000
+    assert settings_changes(with_defaults(recorded), prepared_settings(cfg)) == ["vocab.size: 4000 -> 8000"]

@@ -192,16 +192,18 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
     assert fresh.stat().st_mode & 0o777 == 0o666 & ~UMASK
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file, as a shell redirect does")
-def test_a_read_only_output_is_refused(tmp_path):
+def test_a_read_only_output_is_refused(tmp_path, monkeypatch):
+    from nmtkit import outputs
     from nmtkit.errors import ConfigError
-    from nmtkit.outputs import check_output_file
 
     locked = tmp_path / "locked.txt"
     locked.write_text("keep\n")
     locked.chmod(0o444)
+    if os.geteuid() == 0:  # root may write a read-only file (as a shell redirect may): ask as a user would
+        monkeypatch.setattr(outputs.os, "access", lambda path, mode: not (mode & os.W_OK and Path(path) == locked))
     with pytest.raises(ConfigError, match="is read-only: nmtkit will not replace it"):
-        check_output_file(locked)
+        outputs.check_output_file(locked)
+    assert outputs.check_output_file(tmp_path / "new.txt") == tmp_path / "new.txt"
 
 
 def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monkeypatch):
@@ -242,6 +244,14 @@ def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monk
     files.replace_directory(new, out)
     assert (out / "model.txt").read_text() == "newer model\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]
+    # in a run directory, a resuming trainer moves such a parked best/ back
+    from nmtkit.training.checkpoint import tidy_run_dir
+
+    run = tmp_path / "run"
+    (run / ".best.nmtkit-old-x1y2").mkdir(parents=True)
+    (run / ".best.nmtkit-old-x1y2" / "model.txt").write_text("best model\n")
+    tidy_run_dir(run)
+    assert (run / "best" / "model.txt").read_text() == "best model\n" and sorted(p.name for p in run.iterdir()) == ["best"]
 
 
 def test_model_dirs_and_checkpoints_get_the_usual_permissions(tmp_path, prepared, monkeypatch, capsys):

@@ -228,6 +228,12 @@ def test_translating_a_source_longer_than_max_positions(positions, tiny_spm, tmp
     assert len(huge) > 8 * 64
     assert translator.encode([huge, "the cat"]) == [Vocab(tiny_spm).encode(huge)[:8], Vocab(tiny_spm).encode("the cat")]
     assert translator.truncated == 2
+    import dataclasses
+
+    longer = dataclasses.replace(options, max_source_len=12)  # --max-source-len: up to a table's length
+    translator = Translator(TorchEngine.from_loaded([load_model_dir(tmp_path / "m")], longer), longer)
+    assert translator.input_limit == (12 if positions in ("alibi", "rope") else 8)
+    assert len(translator.encode([long_line])[0]) == translator.input_limit
 
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])

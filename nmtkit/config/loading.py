@@ -192,9 +192,10 @@ def save_config(cfg: Config, path: str | Path, only_ours: bool = False) -> None:
 
 
 def _written_by_nmtkit(path: Path, tree: dict) -> bool:
-    """Whether ``path`` is a saved config: it starts with the header, or (an older nmtkit's,
-    which wrote none) holds nearly every key of every section, as only a resolved config does
-    (a recipe names what differs from the defaults; an older version lacks keys added since)."""
+    """Whether ``path`` is a saved config: it starts with the header, or it is an older nmtkit's
+    dump (no header): every section resolved (far more keys than a recipe names, which lists
+    what differs from the defaults) and text exactly as YAML writes it (nmtkit's dumps
+    round-trip byte for byte; a hand-written recipe, with comments and its own layout, does not)."""
     import yaml
 
     try:
@@ -207,10 +208,11 @@ def _written_by_nmtkit(path: Path, tree: dict) -> bool:
         saved = yaml.safe_load(text)
     except yaml.YAMLError:
         return False
-    sections = [key for key, value in tree.items() if isinstance(value, dict)]
-    return isinstance(saved, dict) and all(
-        isinstance(saved.get(key), dict) and len(set(saved[key]) & set(tree[key])) >= 0.8 * len(tree[key])
-        for key in sections)
+    sections = ("data", "vocab", "model", "train")
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(key), dict) for key in sections):
+        return False
+    resolved = sum(len(saved[key]) for key in sections) >= 0.6 * sum(len(tree[key]) for key in sections)
+    return resolved and text == yaml.safe_dump(saved, sort_keys=False)
 
 
 def _plain(obj: Any) -> Any:

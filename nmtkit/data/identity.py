@@ -27,6 +27,28 @@ def prepared_settings(cfg) -> dict:
     return {"data": data, "vocab": {k: v for k, v in tree["vocab"].items() if k != "workers"}}
 
 
+def with_defaults(recorded: dict) -> dict:
+    """Recorded settings with the keys an older nmtkit did not have at their defaults (so a key
+    added later is not a difference)."""
+    import dataclasses
+
+    from nmtkit.config import Config, CorpusConfig
+
+    defaults = prepared_settings(Config())
+    corpus = {k: v for k, v in dataclasses.asdict(CorpusConfig()).items() if k != "weight"}
+
+    def merge(default, value):
+        if isinstance(default, dict) and isinstance(value, dict):
+            return {**default, **{k: merge(default.get(k), v) for k, v in value.items()}}
+        return value
+
+    filled = merge(defaults, recorded)
+    corpora = filled.get("data", {}).get("corpora")
+    if isinstance(corpora, list):
+        filled["data"]["corpora"] = [merge(corpus, c) for c in corpora]
+    return filled
+
+
 def settings_changes(recorded: dict, current: dict, prefix: str = "") -> list[str]:
     """``key: recorded -> current`` for each dotted key whose value differs."""
     out = []

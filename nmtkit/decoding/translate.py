@@ -38,7 +38,10 @@ class Translator:
     def __init__(self, engine, options: TranslateOptions) -> None:
         self.engine, self.options = engine, options
         self.src_vocab, self.tgt_vocab = engine.src_vocab, engine.tgt_vocab
-        self.input_limit = engine.input_limit  # longer inputs are truncated
+        # longer inputs are truncated: --max-source-len, else the model's max_positions, and never
+        # past a position table (sinusoidal, learned), which has no row for them
+        chosen = options.max_source_len or engine.input_limit
+        self.input_limit = min(chosen, engine.max_positions) if engine.max_positions else chosen
         self.truncated = 0
         self.tag = target_tag_for(self.src_vocab, options.target_lang)  # "" unless --target-lang
 
@@ -168,5 +171,6 @@ def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: Tran
 
 def warn_truncated(translator: Translator, console) -> None:
     if translator.truncated and console is not None:
-        console.warn(f"{translator.truncated} input line(s) longer than {translator.input_limit} pieces (the "
-                     f"model's max_positions) were truncated")
+        console.warn(f"{translator.truncated} input line(s) longer than {translator.input_limit} pieces were "
+                     f"truncated (the model's max_positions; --max-source-len sets it for a model without "
+                     f"a position table)")

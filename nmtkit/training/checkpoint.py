@@ -242,15 +242,17 @@ _LEFTOVER = re.compile(r"^\.(best|step_\d+)\.(.+)$")
 def tidy_run_dir(run_dir: Path) -> None:
     """Finish what a killed trainer left half-done in ``run_dir`` (only its writer may call this).
 
-    ``save_model_dir`` replaces a directory with two renames (``X`` -> ``.X.old``, temp -> ``X``);
-    a kill between them leaves only ``.X.old``, which is complete and is moved back. Other
+    ``save_model_dir`` replaces a directory with two renames (``X`` -> ``.X.old``, or
+    ``.X.nmtkit-old-RANDOM`` when a ``.X.old`` is in the way, then temp -> ``X``); a kill between
+    them leaves only that copy, which is complete and is moved back. Other
     hidden leftovers (temp dirs and files, ``.X.deleting`` of a pruned checkpoint) are removed.
     """
     for parent in (Path(run_dir), RunDir(Path(run_dir)).checkpoints):
         for path in parent.iterdir() if parent.is_dir() else []:
             match = _LEFTOVER.match(path.name)
             if match and path.is_dir():
-                if match.group(2) == "old" and not (parent / match.group(1)).exists():
+                parked = match.group(2) == "old" or match.group(2).startswith("nmtkit-old-")  # replace_directory's
+                if parked and not (parent / match.group(1)).exists():
                     os.replace(path, parent / match.group(1))
                 else:
                     shutil.rmtree(path, ignore_errors=True)

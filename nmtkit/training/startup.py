@@ -10,7 +10,8 @@ from typing import Callable, Optional
 import torch
 
 from nmtkit.config import Config
-from nmtkit.data.identity import changes, identity, prepared_settings, read_record, settings_changes, write_record
+from nmtkit.data.identity import (changes, identity, prepared_settings, read_record, settings_changes,
+                                  with_defaults, write_record)
 from nmtkit.data.ids import ParallelIds, load_split, prepared_file
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.errors import CheckpointError, ConfigError, DataError
@@ -22,12 +23,17 @@ from nmtkit.training.checkpoint import LoadedCheckpoint, check_fits, checkpoint_
 from nmtkit.workdir import RunDir, WorkDir
 
 
-def refuse_beyond_table(data: ParallelIds, positions: str, max_positions: int, where: Path) -> None:
+def refuse_beyond_table(data: ParallelIds, positions: str, max_positions: int, where: Path,
+                        warn: Optional[Callable[[str], None]] = None) -> None:
     """A position table (learned or sinusoidal) has no row past ``max_positions``: cutting the
     sentences that need one would train on silently changed data (a cut target followed by EOS
-    teaches the model to stop early), so training refuses them instead."""
+    teaches the model to stop early), so training refuses them instead; with ``warn``, says
+    that they are cut (a run that began so)."""
     longest = max(int(data.src_lengths().max()), int(data.tgt_lengths().max()) + 1)  # targets start with BOS
-    if longest > max_positions:
+    if longest > max_positions and warn is not None:
+        warn(f"{where} has a sentence of {longest} positions, past model.max_positions={max_positions}: this run "
+             f"began cutting such pairs and goes on doing so (a new run refuses them)")
+    elif longest > max_positions:
         raise ConfigError(f"{where} has a sentence of {longest} positions but model.positions={positions} has "
                           f"model.max_positions={max_positions} rows; raise model.max_positions, or lower "
                           f"data.clean.max_len and prepare again")
@@ -73,9 +79,10 @@ def restore(ck: LoadedCheckpoint, model, optimizer, device: torch.device) -> Non
     ``train.weight_decay`` that the resume message says applies."""
     load_weights(model, {k: v.to(device) for k, v in ck.weights.items()}, ck.path)
     settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(ck.optimizer)
-    for group, chosen in zip(optimizer.param_groups, settings):
-        group.update(chosen)  # the learning rate is set again at every step anyway
+    state = dict(ck.optimizer)  # the settings go in before loading: torch places the step counters by them
+    state["param_groups"] = [{**saved, **chosen, "params": saved["params"]}  # (fused Adam wants them on the GPU)
+                             for saved, chosen in zip(state["param_groups"], settings)]
+    optimizer.load_state_dict(state)  # the learning rate is set again at every step anyway
     torch.set_rng_state(ck.rng["torch"])
     if "cuda" in ck.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(ck.rng["cuda"])
@@ -102,7 +109,7 @@ def check_prepared_settings(cfg: Config, prepared: Path) -> None:
     recorded = (manifest or {}).get("settings")
     if not isinstance(recorded, dict):
         return
-    differ = settings_changes(recorded, prepared_settings(cfg))
+    differ = settings_changes(with_defaults(recorded), prepared_settings(cfg))
     if differ:
         more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
         raise DataError(f"{prepared} was made with other data or vocab settings than the recipe's: "

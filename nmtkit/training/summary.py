@@ -8,6 +8,7 @@ from nmtkit.config import Config
 from nmtkit.errors import DataError
 from nmtkit.models.build import build_model, parameter_table
 from nmtkit.training import distributed as dist
+from nmtkit.workdir import WorkDir
 
 
 def print_summary(console, model, cfg: Config, vocab_sizes: tuple[int, int], device, dtype,
@@ -58,8 +59,10 @@ def print_dry_run(cfg: Config, console, device, dtype) -> None:
     init = init_source(cfg)
     try:
         src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
-    except DataError:
+    except DataError as err:
         sizes = (cfg.vocab.size, cfg.vocab.size)
+        if WorkDir.of(cfg).prepared.is_dir():  # there, but refused: the real run would stop here
+            console.warn(f"{err} (the counts below use vocab.size)")
     else:
         sizes = (len(src_vocab), len(tgt_vocab))
         if init is not None:

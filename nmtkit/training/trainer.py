@@ -117,7 +117,10 @@ class Trainer:
         self.max_len = getattr(model, "max_positions", None)
         m = cfg.model
         if self.max_len is not None:  # sinusoidal or learned positions: a table of max_positions
-            refuse_beyond_table(self.train_data, m.positions, self.max_len, WorkDir.of(cfg).ids("train"))
+            # a sinusoidal run that began cutting such pairs (before they were refused) goes on as it began
+            began = m.positions == "sinusoidal" and bool(checkpoint_dirs(run_dir))
+            refuse_beyond_table(self.train_data, m.positions, self.max_len, WorkDir.of(cfg).ids("train"),
+                                warn=console.warn if began else None)
         self.optimizer = make_optimizer(self.model, cfg, device)
         self.loss_scaler = LossScaler(dtype, device)  # fp16 only
         self.state = TrainerState(dev_sha256=self.dev.digest())

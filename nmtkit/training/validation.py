@@ -7,6 +7,7 @@ detokenized output against the untouched dev references with sacreBLEU, so it eq
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -45,6 +46,7 @@ def dev_bleu(model: Seq2Seq, sources: list[str], references: list[str], src_voca
     from nmtkit.scoring.metrics import corpus_scores
 
     n = min(len(sources), max_sentences, len(references))
+    options = dataclasses.replace(options, max_source_len=10**8)  # dev sources whole, as far as the model goes
     translator = Translator(TorchEngine(model, src_vocab, tgt_vocab, options, device), options)
     with autocast(device, dtype):
         hyps = translator.translate(sources[:n])

@@ -39,14 +39,17 @@ Ref = tuple[str, int, int]  # (book name as diatheke prints it, chapter, verse)
 
 
 def fingerprint(data) -> dict:
-    """The config fields and module versions a fetch depends on; the modules as a list, source
-    first (the stamp's JSON sorts mapping keys, which lost which one was the source)."""
-    mods = []
+    """The config fields and module versions a fetch depends on. The stamp's JSON sorts the
+    modules by name, which loses which one is the source: when the source sorts after the
+    target it is named as well (so the usual order keeps the stamps it always had)."""
+    mods = {}
     for name in (data.sword_src, data.sword_tgt):
         conf_path = _conf_path(Path(data.sword_path), name)
         conf = _parse_conf(conf_path) if conf_path else {}
-        mods.append([name, {key: conf.get(key, "") for key in ("Version", "SwordVersionDate", "Versification")}])
+        mods[name] = {key: conf.get(key, "") for key in ("Version", "SwordVersionDate", "Versification")}
     found = {"sword_path": data.sword_path, "modules": mods, "dev_size": data.dev_size, "test_size": data.test_size}
+    if data.sword_src > data.sword_tgt:
+        found["source_module"] = data.sword_src
     return found if data.sword_testament == "all" else {**found, "testament": data.sword_testament}
 
 
