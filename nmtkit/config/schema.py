@@ -111,7 +111,8 @@ class ModelConfig:
     pre_norm: bool = False  # the paper is post-norm
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     ffn: Literal["relu", "gelu", "swiglu"] = "relu"
-    # sinusoidal (the paper) | learned (a table of max_positions rows) | alibi | rope (no length limit)
+    # sinusoidal (the paper) | learned (a table of max_positions rows) | alibi | rope (no table: any training
+    # length; translation reads max_positions source pieces unless `translate --max-source-len` says more)
     positions: Literal["sinusoidal", "learned", "alibi", "rope"] = "sinusoidal"
     # Mixture of Experts feed-forward layers (nmtkit/models/moe.py); 0 experts = dense layers
     moe_experts: int = 0  # experts per MoE layer
