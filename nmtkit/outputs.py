@@ -86,11 +86,11 @@ def check_output_file(text: str | Path | None, option: str = "-o") -> Optional[P
     if text is None:
         return None
     target = _target(text, option)
-    kind = _kind(target)
-    if kind == "file" and not names_descriptor(target) and not os.access(target, os.W_OK):
+    kind, descriptor = _kind(target), names_descriptor(target)
+    if kind == "file" and not descriptor and not os.access(target, os.W_OK):
         raise ConfigError(f"{option} {_where(text, target)} is read-only: nmtkit will not replace it; make it "
                           f"writable or choose another {option}")
-    if kind in (None, "file", "character device", "named pipe") or (names_descriptor(target) and kind != "directory"):
+    if kind in (None, "file", "character device", "named pipe") or (descriptor and kind != "directory"):
         return target
     if kind == "directory":
         raise ConfigError(f"{option} {_where(text, target)} is a directory: give a file path")
