@@ -1,12 +1,16 @@
 """Study 1 of issue 16 beside the paper: each row of `nmtkit sweep recipes/sweeps/table3-mini.yaml`
 next to the row of "Attention Is All You Need", Table 3, that changes the same setting the same way.
 
-Reads the sweep's results.json and prints a markdown table: the paper's setting and its dev BLEU
-(newstest2013, tokenized) with the change against its base row, then ours (final dev loss, dev BLEU
-on the held-out Bible verses and its change against our base, test BLEU, the paired-bootstrap p of
-test BLEU against our base, parameters). Rows not yet run print as pending.
+Reads one or more results.json files of the sweep, one per sitting (a machine and a day; a
+sitting's work directories may be gone, so earlier ones are committed as
+recipes/sweeps/table3-mini.sitting*.json), and prints a markdown table: the paper's setting and its
+dev BLEU (newstest2013, tokenized) with the change against its base row, then ours (final dev loss,
+dev BLEU on the held-out Bible verses and its change against the same sitting's base, test BLEU,
+the paired-bootstrap p of test BLEU against that base, parameters). A row comes from the latest
+sitting that finished it; each sitting that contributes rows shows its own base. Rows no sitting
+finished print as pending.
 
-    python benchmarks/table3_mini.py data/sweeps/table3-mini/results.json > recipes/sweeps/table3-mini.results.md
+    python benchmarks/table3_mini.py recipes/sweeps/table3-mini.sitting1.json data/sweeps/table3-mini/results.json
 """
 from __future__ import annotations
 
@@ -76,30 +80,44 @@ def our_cells(result: dict | None, base: dict | None) -> list[str]:
         return ["pending", "—", "—", "—", params]
     delta = f" ({signed(result['dev_bleu'] - base['dev_bleu'])})" if base and result is not base else ""
     p = result.get("p_value")
-    return [f"{result['dev_loss']:.2f}", f"{result['dev_bleu']:.2f}{delta}", f"{result['test_bleu']:.2f}",
+    return [f"{result['dev_loss']:.3f}", f"{result['dev_bleu']:.2f}{delta}", f"{result['test_bleu']:.2f}",
             "—" if p is None else f"{p:.3f}", f"{result['parameters'] / 1e6:.1f}M"]
 
 
-def table(results: dict) -> str:
-    by_name = {v["name"]: v for v in results["variants"]}
-    base = by_name.get("base") if by_name.get("base", {}).get("status") == "done" else None
-    lines = ["| row | nmtkit setting | dev loss | dev BLEU (Δ base) | test BLEU | p | params "
-             "| paper's setting | paper dev BLEU (Δ base), params |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, letter, words, row in OURS:
-        paper = [PAPER_BASE[0], f"{PAPER_BASE[2]}, {PAPER_BASE[3]}M"] if name == "base" else paper_cells(row)
-        lines.append("| " + " | ".join([letter, words, *our_cells(by_name.get(name), base), *paper]) + " |")
-    unknown = sorted(set(by_name) - {name for name, *_ in OURS})
+def done(results: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in results["variants"] if v.get("status") == "done"}
+
+
+def table(sittings: list[dict]) -> str:
+    """One line per row of OURS from the latest sitting that finished it (index from 1 in the
+    sitting column), plus the base of every contributing sitting after the first."""
+    finished = [done(results) for results in sittings]
+    known = {name for name, *_ in OURS}
+    unknown = sorted({name for results in sittings for name in (v["name"] for v in results["variants"])} - known)
     if unknown:
         sys.exit(f"variants this table does not place: {', '.join(unknown)}")
+    source = {name: max((i for i, rows in enumerate(finished) if name in rows), default=None) for name in known}
+    contributing = sorted({i for i in source.values() if i is not None})
+    lines = ["| row | sitting | nmtkit setting | dev loss | dev BLEU (Δ base) | test BLEU | p | params "
+             "| paper's setting | paper dev BLEU (Δ base), params |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    latest_params = {v["name"]: v for v in sittings[-1]["variants"]}
+    for name, letter, words, row in OURS:
+        paper = [PAPER_BASE[0], f"{PAPER_BASE[2]}, {PAPER_BASE[3]}M"] if name == "base" else paper_cells(row)
+        shown = contributing if name == "base" else [source[name]]
+        for i in shown:
+            result = finished[i][name] if i is not None else latest_params.get(name)
+            base = finished[i].get("base") if i is not None else None
+            sitting = "—" if i is None else str(i + 1)
+            lines.append("| " + " | ".join([letter, sitting, words, *our_cells(result, base), *paper]) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", type=Path, help="the sweep's results.json")
+    parser.add_argument("results", type=Path, nargs="+", help="the sweep's results.json of each sitting, oldest first")
     args = parser.parse_args()
-    print(table(json.loads(args.results.read_text(encoding="utf-8"))))
+    print(table([json.loads(path.read_text(encoding="utf-8")) for path in args.results]))
 
 
 if __name__ == "__main__":

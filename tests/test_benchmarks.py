@@ -267,10 +267,33 @@ def test_table3_mini_places_every_variant_of_the_shipped_sweep_beside_the_paper(
     rows = [{"name": v.name, "status": "pending", "parameters": 7_577_600} for v in sweep.variants]
     rows[0].update(status="done", dev_loss=3.1234, dev_bleu=19.0, test_bleu=17.13, p_value=None)
     rows[1].update(status="done", dev_loss=3.3, dev_bleu=17.5, test_bleu=16.0, p_value=0.004)
-    lines = table3_mini.table({"variants": rows}).splitlines()
+    lines = table3_mini.table([{"variants": rows}]).splitlines()
     assert len(lines) == 2 + len(rows)
-    assert "| base | d 256" in lines[2] and "| 3.12 | 19.00 | 17.13 | — | 7.6M |" in lines[2] and "25.8, 65M |" in lines[2]
-    assert "| A | 1 head of 256 | 3.30 | 17.50 (−1.5) | 16.00 | 0.004 | 7.6M | 1 head of 512 | 24.9 (−0.9), 65M |" == lines[3]
-    assert "| pending | — | — | — | 7.6M |" in lines[4]
+    assert "| base | 1 | d 256" in lines[2] and "| 3.123 | 19.00 | 17.13 | — | 7.6M |" in lines[2] and "25.8, 65M |" in lines[2]
+    assert "| A | 1 | 1 head of 256 | 3.300 | 17.50 (−1.5) | 16.00 | 0.004 | 7.6M | 1 head of 512 | 24.9 (−0.9), 65M |" == lines[3]
+    assert "| — | 2 heads of 128 | pending | — | — | — | 7.6M |" in lines[4]
     with pytest.raises(SystemExit, match="does not place: extra"):
-        table3_mini.table({"variants": rows + [{"name": "extra", "status": "pending", "parameters": 1}]})
+        table3_mini.table([{"variants": rows + [{"name": "extra", "status": "pending", "parameters": 1}]}])
+
+
+def test_table3_mini_takes_each_row_from_the_latest_sitting_and_compares_it_with_that_sittings_base():
+    import table3_mini
+
+    first = [{"name": "base", "status": "done", "dev_loss": 3.1, "dev_bleu": 19.0, "test_bleu": 17.0, "parameters": 7e6},
+             {"name": "C-layers-2", "status": "done", "dev_loss": 3.0, "dev_bleu": 20.0, "test_bleu": 18.0,
+              "p_value": 0.001, "parameters": 5e6},
+             {"name": "C-layers-6", "status": "running", "parameters": 13e6}]
+    second = [{"name": "base", "status": "done", "dev_loss": 3.2, "dev_bleu": 18.5, "test_bleu": 17.5, "parameters": 7e6},
+              {"name": "C-layers-2", "status": "pending", "parameters": 5e6},
+              {"name": "C-layers-6", "status": "done", "dev_loss": 3.4, "dev_bleu": 16.0, "test_bleu": 15.0,
+               "p_value": 0.002, "parameters": 13e6}]
+    lines = table3_mini.table([{"variants": first}, {"variants": second}]).splitlines()[2:]
+    bases = [line for line in lines if line.startswith("| base |")]
+    assert [line.split(" | ")[1] for line in bases] == ["1", "2"]  # each contributing sitting shows its base
+    assert "| 3.200 | 18.50 | 17.50 | — |" in bases[1]
+    two = next(line for line in lines if "| 2+2 layers |" in line)
+    assert "| C | 1 | 2+2 layers | 3.000 | 20.00 (+1.0) | 18.00 | 0.001 |" in two  # against sitting 1's base
+    six = next(line for line in lines if "| 6+6 layers |" in line)
+    assert "| C | 2 | 6+6 layers | 3.400 | 16.00 (−2.5) | 15.00 | 0.002 |" in six  # against sitting 2's base
+    pending = next(line for line in lines if "| 4+4 layers |" in line)
+    assert "| C | — | 4+4 layers | pending |" in pending
