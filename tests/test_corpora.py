@@ -252,5 +252,23 @@ def test_a_later_files_corpus_may_give_training_pairs_only(tmp_path):
     manifest = prepare(from_dict(recipe), quiet_console())
     assert [(c["name"], c["read"]) for c in manifest["corpora"]] == [("rev", 80), ("copy", 63), ("bt", 30)]
     first_without_heldout = {**recipe["data"], "corpora": recipe["data"]["corpora"][::-1]}
-    with pytest.raises(ConfigError, match="data.files.dev: missing"):  # the first corpus gives dev and test
+    with pytest.raises(ConfigError, match=r"^data.corpora\[0\].files.dev: missing"):  # the first corpus gives dev and test
         prepare(from_dict({**recipe, "data": first_without_heldout}), quiet_console())
+
+
+@pytest.mark.parametrize("step", ["fingerprint", "read"])
+def test_errors_of_a_corpus_name_its_key_in_data_corpora(tmp_path, step):
+    from nmtkit.data.corpora import CorpusStream
+    from nmtkit.data.prepare import prepare
+    from nmtkit.errors import DataError
+
+    recipe = two_corpora(tmp_path)
+    recipe.pop("_sizes")
+    missing = Path(recipe["data"]["corpora"][1]["files"]["train"]["tgt"])
+    missing.unlink()
+    with pytest.raises(DataError) as raised:
+        if step == "fingerprint":
+            prepare(from_dict(recipe), quiet_console())
+        else:
+            CorpusStream(from_dict(recipe).data)
+    assert str(raised.value) == f"file not found: {missing} (data.corpora[1].files.train.tgt)"

@@ -10,13 +10,16 @@ so a multilingual model is validated as it will be asked to translate.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import re
 from typing import Callable, Iterator, Optional
 
 from nmtkit.data.clean import BATCH_PAIRS, TextFilter
 from nmtkit.data.sources import files, fingerprint, read_corpus
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.vocab import with_tag
+from nmtkit.errors import ConfigError, DataError
 
 
 def training_only(source, first: bool) -> bool:
@@ -26,13 +29,32 @@ def training_only(source, first: bool) -> bool:
             and not {"dev", "test"} & set(source.files))
 
 
-def read_source(source, first: bool) -> Corpus:
-    return files.read(source, ("train",)) if training_only(source, first) else read_corpus(source)
+def read_source(source, first: bool, index: Optional[int] = None) -> Corpus:
+    """``source`` read; ``index``: its place in data.corpora, named by its errors."""
+    with _named(index):
+        return files.read(source, ("train",)) if training_only(source, first) else read_corpus(source)
 
 
-def source_fingerprint(source, first: bool) -> dict:
+def source_fingerprint(source, first: bool, index: Optional[int] = None) -> dict:
     """What reading ``source`` depends on (see ``nmtkit.data.sources``)."""
-    return files.fingerprint(source, ("train",)) if training_only(source, first) else fingerprint(source)
+    with _named(index):
+        return files.fingerprint(source, ("train",)) if training_only(source, first) else fingerprint(source)
+
+
+_DATA_KEY = re.compile(r"(?<![\w./-])data\.(?!corpora\b)")
+
+
+@contextlib.contextmanager
+def _named(index: Optional[int]) -> Iterator[None]:
+    """Errors of the sources name their keys as ``data.KEY``; for the corpus at ``index`` of
+    data.corpora the key a user must fix is ``data.corpora[index].KEY``."""
+    try:
+        yield
+    except (ConfigError, DataError) as error:
+        message = str(error) if index is None else _DATA_KEY.sub(f"data.corpora[{index}].", str(error))
+        if message == str(error):
+            raise
+        raise type(error)(message) from error
 
 
 class CorpusStream:
@@ -41,7 +63,9 @@ class CorpusStream:
 
     def __init__(self, data) -> None:
         self.sources = data.training_sources()
-        self.corpora = [read_source(source, first=i == 0) for i, source in enumerate(self.sources)]
+        indexed = bool(data.corpora)
+        self.corpora = [read_source(source, first=i == 0, index=i if indexed else None)
+                        for i, source in enumerate(self.sources)]
         first, tag = self.corpora[0], self.sources[0].tag
         self.dev, self.test = ([(with_tag(src, tag), tgt) for src, tgt in pairs] for pairs in (first.dev, first.test))
         heldout = [pair for corpus in self.corpora for pair in corpus.dev + corpus.test]

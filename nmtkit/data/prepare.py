@@ -156,7 +156,7 @@ def _fetch_inputs(cfg: Config) -> dict:
     data = cfg.data
     if data.corpora:
         corpora = [{"name": c.name, "tag": c.tag, "source": c.source, "langs": [c.src_lang, c.tgt_lang],
-                    "max_train_pairs": c.max_train_pairs, "input": source_fingerprint(c, first=i == 0)}
+                    "max_train_pairs": c.max_train_pairs, "input": source_fingerprint(c, first=i == 0, index=i)}
                    for i, c in enumerate(data.training_sources())]
         return {"format": FORMAT, "langs": [data.src_lang, data.tgt_lang], "dedup": data.clean.dedup,
                 "corpora": corpora}
