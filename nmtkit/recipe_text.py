@@ -3,9 +3,12 @@ mappings, lists and scalars, of a size a recipe can have. Checked before anythin
 or compared, so a hostile recipe costs milliseconds, not gigabytes."""
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 from nmtkit.errors import ConfigError
+
+_PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 
 
 def safe_yaml(text: str) -> Any:
@@ -33,6 +36,15 @@ def safe_yaml(text: str) -> Any:
                 seen.add(key)
             return super().construct_mapping(node, deep)
 
+        def construct_yaml_int(self, node):
+            # YAML 1.1 reads 0123456 as octal (42798), 1_000 as 1000 and 1:20 as 80: as a string
+            # (a revision, a name) the text would silently change, so only plain decimals are
+            # numbers; the rest stay text, which an integer setting reads as decimal or refuses
+            if _PLAIN_INT.fullmatch(node.value):
+                return super().construct_yaml_int(node)
+            return self.construct_scalar(node)
+
+    NoAliasLoader.add_constructor("tag:yaml.org,2002:int", NoAliasLoader.construct_yaml_int)
     loader = NoAliasLoader(text)  # a SafeLoader subclass, driven directly so no generic load call appears
     try:
         return loader.get_single_data()
