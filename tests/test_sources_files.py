@@ -50,6 +50,14 @@ def test_empty_file(data, tmp_path):
         read_corpus(data)
 
 
+def test_old_mac_line_ends_are_refused_and_windows_ones_read(data, tmp_path):
+    (tmp_path / "train.es").write_bytes(b"uno\rdos\rtres\r")
+    with pytest.raises(DataError, match=r"train\.es \(data.files.train.es\) ends its lines with a carriage return alone"):
+        read_corpus(data)
+    (tmp_path / "train.es").write_bytes(b"uno\r\ndos\r\ntres\r\n")
+    assert list(read_corpus(data).train) == [("one", "uno"), ("two", "dos"), ("three", "tres")]
+
+
 def test_mismatched_dev_lines(data, tmp_path):
     (tmp_path / "dev.en").write_text("four\nextra\n")
     with pytest.raises(DataError, match=r"dev\.en has 2 lines but .*dev\.es has 1"):

@@ -42,9 +42,19 @@ def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]
                 raise DataError(f"file not found: {shown_path(path, f'data.files.{split}.{lang}')}")
             if path.stat().st_size == 0:
                 raise DataError(f"file is empty: {shown_path(path, f'data.files.{split}.{lang}')}")
+            _check_line_ends(path, f"data.files.{split}.{lang}")
             pair.append(path)
         out[split] = (pair[0], pair[1])
     return out
+
+
+def _check_line_ends(path: Path, key: str) -> None:
+    """Lines end in \\n (or \\r\\n); a file of old-Mac \\r line ends would read as one huge line."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    if b"\r" in head and b"\n" not in head:
+        raise DataError(f"{shown_path(path, key)} ends its lines with a carriage return alone (old Mac "
+                        f"text), so it would read as one line; convert it, e.g. tr '\\r' '\\n' < FILE > NEW")
 
 
 def fingerprint(data, splits: tuple[str, ...] = SPLITS) -> dict:
