@@ -3,6 +3,7 @@ prepare, the results table and its p-values, skipping finished variants, ``--onl
 mid-sweep and its resume, ``--dry-run`` and one-line errors for bad sweep files."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -262,6 +263,9 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
     ({"variants": [{"name": "a", "recipe": "nope.yaml"}]}, ["variant a", "recipe not found"]),
     ({"variants": []}, ["no variants"]),
     ({"recipe": "missing.yaml"}, ["recipe not found"]),
+    ({"variants": [{"name": "a", "grid": {1: [2, 3]}}]}, ["variants[0].grid: keys must be names, got 1"]),
+    ({"variants": [{"name": "a", "overrides": {"data.hf_revision": datetime.date(2024, 1, 1)}}]},
+     ["overrides.data.hf_revision", "not a plain value"]),
 ])
 def test_bad_sweep_files_are_rejected(tmp_path, change, fragments):
     from nmtkit.errors import ConfigError
@@ -318,3 +322,55 @@ def test_digests_hash_only_settings_that_differ_from_the_defaults(tmp_path):
     assert key(plain, "data_key") == key(changed, "data_key")
     assert changed_settings(changed)["train"]["clip_norm"] == 0.5
     assert "label_smoothing" not in changed_settings(spelled_out)["train"]
+
+
+def test_a_variant_whose_settings_changed_trains_afresh_and_keeps_its_old_run(tmp_path):
+    """Resuming would train on from the old weights (or find the run finished) and report the
+    old model under the new settings."""
+    write_task(tmp_path)
+    first = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.01}}]))
+    assert first.returncode == 0, first.stderr
+    variant = tmp_path / "edit" / "variants" / "v"
+    old_bleu = results_of(tmp_path / "edit")["variants"][0]["test_bleu"]
+    old_checkpoints = sorted(p.name for p in (variant / "train" / "checkpoints").iterdir())
+
+    again = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003}}]))
+    assert again.returncode == 0, again.stderr
+    assert "v: its settings changed since it ran; moved its old train/ to" in " ".join(again.stderr.split())
+    [old_run] = variant.glob("train.old-*")
+    [old_results] = variant.glob("results.old-*")
+    assert sorted(p.name for p in (old_run / "checkpoints").iterdir()) == old_checkpoints
+    assert json.loads((old_results / "results.json").read_text())["splits"]["test"]["bleu"]["score"] == old_bleu
+    log = (variant / "run.log").read_text()
+    assert "resumed from" not in log and "already finished" not in log
+    assert yaml.safe_load((variant / "train" / "config.yaml").read_text())["train"]["lr"] == 0.003
+    record = json.loads((variant / "sweep-run.json").read_text())
+    assert (record["status"], record["sessions"]) == ("done", 1)
+
+
+def test_a_failed_variant_reports_the_error_of_its_own_session(tmp_path):
+    from nmtkit.sweep.runner import _last_error
+
+    log = tmp_path / "run.log"
+    log.write_text("step 1\nnmtkit: error: data.files.train: missing\n")
+    start = log.stat().st_size
+    with open(log, "a") as handle:
+        handle.write("step 1\nstep 2\nKilled\n")
+    assert _last_error(log, start) == "Killed"
+    assert _last_error(log) == "nmtkit: error: data.files.train: missing"
+
+
+def test_variants_differing_only_in_corpus_weights_share_one_prepare(tmp_path):
+    from nmtkit.config import from_dict
+    from nmtkit.sweep.spec import Variant
+
+    def corpora(weight):
+        return {**tiny_recipe(tmp_path / "work"), "data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": [
+            {"name": "a", "source": "files", "files": {"train": {"src": "a", "tgt": "b"}}, "weight": weight},
+            {"name": "b", "source": "files", "files": {"train": {"src": "c", "tgt": "d"}}, "tag": "<bt>"}]}}
+
+    key = lambda recipe: Variant("v", None, (), from_dict(recipe)).data_key  # noqa: E731
+    assert key(corpora(1.0)) == key(corpora(3.0))
+    changed = corpora(1.0)
+    changed["data"]["corpora"][1]["tag"] = "<2x>"
+    assert key(changed) != key(corpora(1.0))

@@ -66,6 +66,14 @@ def test_curves_of_two_runs_are_a_png_of_the_asked_size(tiny_run, tmp_path):
     assert len(set(run_labels([tiny_run, other]))) == 2
 
 
+def test_every_run_of_a_large_sweep_gets_its_own_colour_and_line_style():
+    from nmtkit.viz.curves import run_styles
+
+    styles = run_styles(26)  # table3-mini's rows
+    assert len(set(styles)) == 26
+    assert styles[0] == ("C0", "-") and styles[10] == ("C0", "--") and styles[25] == ("C5", ":")
+
+
 def test_curves_against_time_via_cli(tiny_run, tmp_path):
     out = tmp_path / "time.png"
     done = run_cli("plot", str(tiny_run), "-o", str(out), "--x", "time", "--size", "500x300")

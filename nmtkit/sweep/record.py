@@ -51,8 +51,8 @@ def read_results(variant_dir: Path) -> Optional[dict]:
 
 
 def variant_status(sweep: Sweep, variant: Variant) -> str:
-    """done / failed / stopped as the last session left it, or pending (never run, or run with
-    other settings than the sweep file's now)."""
+    """done / failed / stopped / started (a session that never reported: killed outright) as the
+    last session left it, or pending (never run, or run with other settings than the sweep file's now)."""
     record = read_record(sweep.variant_dir(variant.name))
     if record.get("config") != variant.config_key:
         return "pending"

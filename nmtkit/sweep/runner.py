@@ -23,6 +23,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -90,25 +91,48 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
         console.info(f"{variant.name}: finished earlier with these settings, skipped")
         return "done", 0
     _link_prepared(sweep, variant)
+    old = read_record(directory)
+    if old.get("config") not in (None, variant.config_key):  # the sweep file changed this variant since it ran
+        _set_aside_old_run(directory, console, variant.name)
+        old = {}
+    # recorded before the child starts: a sweep killed outright leaves the settings its run belongs to
+    atomic_write_text(directory / RECORD, json.dumps({**old, "config": variant.config_key, "status": "started"},
+                                                     indent=1) + "\n")
     arguments = run_command(sweep, variant)
     log = directory / "run.log"
     console.info(f"nmtkit {shlex.join(arguments)}")
     console.info(f"log: {log}")
+    session_start = log.stat().st_size if log.is_file() else 0
     code, peak_kib = _run_child([sys.executable, "-m", "nmtkit", *(["--debug"] if debug else []), *arguments], log)
     status = "done" if code == 0 else "stopped" if code in STOPPED_CODES else "failed"
-    old = read_record(directory)
-    same = old.get("config") == variant.config_key
     record = {"config": variant.config_key, "status": status, "exit_code": code,
-              "sessions": (old.get("sessions", 0) if same else 0) + 1,
-              "peak_rss_mib": round(max(peak_kib / 1024, old.get("peak_rss_mib", 0) if same else 0), 1)}
+              "sessions": old.get("sessions", 0) + 1,
+              "peak_rss_mib": round(max(peak_kib / 1024, old.get("peak_rss_mib", 0)), 1)}
     if status == "failed":
-        record["error"] = _last_error(log)
+        record["error"] = _last_error(log, session_start)
     atomic_write_text(directory / RECORD, json.dumps(record, indent=1) + "\n")
     if status == "failed":
         console.print(f"[red]{variant.name} failed[/red] (exit {code}): {record['error']}")
     elif status == "done":
         console.info(f"{variant.name}: done")
     return status, code
+
+
+def _set_aside_old_run(directory: Path, console, name: str) -> None:
+    """A variant whose settings changed trains from scratch: resuming its old run would train on
+    with the new settings from the old weights (or find it finished and report the old model
+    under the new settings). Its training run and results are moved aside, not deleted."""
+    work = WorkDir(directory)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for path in (work.run.path, work.results):
+        if not os.path.lexists(path):
+            continue
+        backup, n = path.with_name(f"{path.name}.old-{stamp}"), 1
+        while os.path.lexists(backup):
+            n += 1
+            backup = path.with_name(f"{path.name}.old-{stamp}-{n}")
+        os.replace(path, backup)
+        console.warn(f"{name}: its settings changed since it ran; moved its old {path.name}/ to {backup}")
 
 
 def _link_prepared(sweep: Sweep, variant: Variant) -> None:
@@ -156,12 +180,16 @@ def _stop_with_parent() -> None:
     _LIBC.prctl(1, signal.SIGTERM)
 
 
-def _last_error(log: Path) -> str:
-    """The child's one-line error (``nmtkit: error: ...``), else its last line."""
+def _last_error(log: Path, start: int = 0) -> str:
+    """The child's one-line error (``nmtkit: error: ...``), else its last line, from the part of
+    the log its session wrote (from byte ``start``: the log is appended to by every session)."""
     try:
-        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        with open(log, "rb") as handle:
+            handle.seek(start)
+            text = handle.read().decode("utf-8", errors="replace")
     except OSError:
         return "no log"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("nmtkit: error:")]
     return (errors or lines or ["no output"])[-1]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import safe_yaml
+from nmtkit.recipe_text import plain_copy, safe_yaml
 from nmtkit.workdir import WorkDir
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid")
@@ -58,7 +58,11 @@ class Variant:
         """Variants with the same key share one ``prepare``: a digest of what prepared/ depends on."""
         settings = changed_settings(self.config)
         vocab = {k: v for k, v in settings.get("vocab", {}).items() if k != "workers"}  # speed, not output
-        text = json.dumps({"data": settings.get("data", {}), "vocab": vocab}, sort_keys=True, default=str)
+        data = dict(settings.get("data", {}))
+        if isinstance(data.get("corpora"), list):  # training applies the weights; prepared/ does not hold them
+            data["corpora"] = [{k: v for k, v in c.items() if k != "weight"} if isinstance(c, dict) else c
+                               for c in data["corpora"]]
+        text = json.dumps({"data": data, "vocab": vocab}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @property
@@ -156,7 +160,10 @@ def _read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: not a valid YAML sweep file ({str(err).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a sweep file must be a mapping (recipe, variants, ...)")
-    return raw
+    try:  # str keys and plain values only (no YAML dates, no numbers as keys), as in recipes
+        return plain_copy(raw, "sweep")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def _recipe_path(sweep_path: Path, value: Any, where: str) -> Path:

@@ -86,6 +86,15 @@ def _time_unit(max_seconds: float) -> tuple[float, str]:
     return 1 / 3600, "hours"
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def run_styles(count: int) -> list[tuple[str, str]]:
+    """(colour, line style) of each run: the ten default colours, then again dashed, dotted, ...
+    so that a sweep of up to 40 runs (table3-mini has 26) tells every run apart in the legend."""
+    return [(f"C{i % 10}", LINE_STYLES[(i // 10) % len(LINE_STYLES)]) for i in range(count)]
+
+
 def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step",
                 size: tuple[int, int] = (1200, 800), labels: Sequence[str] | None = None) -> Path:
     """Draw the four panels (six with MoE runs) for every run into ``out`` (format from its
@@ -104,17 +113,17 @@ def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, x: str = "step"
     fig = new_figure(*size)
     grid = fig.subplots(2, 3 if with_moe else 2, sharex=True)
     axes = list(grid[:, :2].ravel()) + (list(grid[:, 2]) if with_moe else [])  # the four panels, then MoE
-    colors = [f"C{i % 10}" for i in range(len(runs))]
-    for (label, _), run, color in zip(runs, curves, colors):
+    styles = run_styles(len(runs))
+    for (label, _), run, (color, line) in zip(runs, curves, styles):
         for ax, (kind, _, _), (xs, ys) in zip(axes, PANELS, run):
             if ys:
-                ax.plot([v * scale for v in xs], ys, color=color, label=label,
+                ax.plot([v * scale for v in xs], ys, color=color, linestyle=line, label=label,
                         marker="o" if kind == "valid" else None, markersize=3, linewidth=1.2)
     if with_moe:
-        for run, color in zip(moe, colors):
+        for run, (color, line) in zip(moe, styles):
             for ax, layers in zip(axes[4:], run):
-                for xs, ys in layers.values():  # one thin line per MoE layer, in the run's colour
-                    ax.plot([v * scale for v in xs], ys, color=color, linewidth=0.8, alpha=0.7)
+                for xs, ys in layers.values():  # one thin line per MoE layer, in the run's style
+                    ax.plot([v * scale for v in xs], ys, color=color, linestyle=line, linewidth=0.8, alpha=0.7)
     titles = [(field, title) for _, field, title in PANELS] + ([(f, t) for f, t, _ in MOE_PANELS] if with_moe else [])
     for ax, (field, title) in zip(axes, titles):
         ax.set_title(title)
