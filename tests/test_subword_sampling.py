@@ -123,6 +123,41 @@ def test_unigram_draws_follow_the_segmentation_probabilities(prepared):
         assert abs(counts.get(ids, 0) / 4000 - weight / total) < 0.03, ids
 
 
+def ids_of(vocab, lines) -> ParallelIds:
+    (src, src_offsets), (tgt, tgt_offsets) = flatten(vocab.encode_batch(lines)), flatten(vocab.encode_batch(lines))
+    return ParallelIds(src, src_offsets, tgt, tgt_offsets)
+
+
+@pytest.mark.parametrize("nbest", [-1, 8])
+def test_words_with_an_unknown_piece_keep_it_in_every_draw(prepared, nbest):
+    """Re-encoded as text, the unknown piece would come back spelled out (``<unk>`` as pieces)."""
+    vocab = Vocab(prepared / "spm.model")
+    lines = [f"{src} \u20ac7 {src.split()[0]}\u00a7" for src, _ in word_pairs(30, 5)]  # € and § are not pieces
+    data = ids_of(vocab, lines)
+    given = sentences(data)
+    assert all(ids.count(vocab.sp.unk_id()) == 2 for ids in given)
+    drawn = SubwordSampler(data, (vocab, vocab), "unigram", 0.1, nbest, 1)
+    for epoch in range(3):
+        sampled = sentences(drawn.epoch(epoch))
+        assert [vocab.decode(ids) for ids in sampled] == [vocab.decode(ids) for ids in given]
+        assert all(ids.count(vocab.sp.unk_id()) == 2 for ids in sampled)
+    assert sampled != given  # the other words are still sampled
+
+
+def test_draws_longer_than_the_position_table_keep_the_prepared_segmentation(prepared):
+    vocab = Vocab(prepared / "spm.model")
+    data = load_split(prepared / "train.npz")
+    given = sentences(data)
+    targets = [data.tgt[data.tgt_offsets[i]:data.tgt_offsets[i + 1]].tolist() for i in range(len(data))]
+    table = max(max(map(len, given)), max(map(len, targets)) + 1)  # the prepared data just fits (BOS)
+    free = SubwordSampler(data, (vocab, vocab), "unigram", 0.1, -1, 1).epoch(0)
+    assert max(map(len, sentences(free))) > table  # unbounded, some draws need more rows
+    bounded = SubwordSampler(data, (vocab, vocab), "unigram", 0.1, -1, 1, max_positions=table).epoch(0)
+    assert max(bounded.src_lengths()) <= table and max(bounded.tgt_lengths()) + 1 <= table
+    for drawn, unbounded, prepared_ids in zip(sentences(bounded), sentences(free), given):
+        assert drawn == (unbounded if len(unbounded) <= table else prepared_ids)
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"train": {"subword_nbest": 1}}, "train.subword_nbest must be -1"),
     ({"train": {"subword_nbest": 0}}, "train.subword_nbest must be -1"),

@@ -181,10 +181,32 @@ class SideSampler:
             ids.extend(self.words[key].sample(rng))
         return ids
 
+    def given(self, index: int) -> list[int]:
+        """The sentence's deterministic segmentation (as prepared)."""
+        return [i for key in self.sentences[index] for i in key]
+
     def _sample_nbest(self, index: int, rng: random.Random) -> list[int]:
-        """One of the sentence's n best segmentations, chosen with probability ~ exp(alpha * log p)."""
-        text = "".join(self.table.pieces[i] for key in self.sentences[index] for i in key)
+        """One of the n best segmentations of each run of words between words holding an unknown
+        piece (the whole sentence when it has none), chosen with probability ~ exp(alpha * log p).
+        Words with an unknown piece keep theirs: re-encoded as text, ``<unk>`` would be spelled out."""
+        ids: list[int] = []
+        run: list[tuple[int, ...]] = []
+        for key in [*self.sentences[index], None]:
+            if key is not None and self.table.unk not in key:
+                run.append(key)
+                continue
+            if run:
+                ids.extend(self._nbest_of(run, rng))
+                run = []
+            if key is not None:
+                ids.extend(key)
+        return ids
+
+    def _nbest_of(self, words: list[tuple[int, ...]], rng: random.Random) -> list[int]:
+        text = "".join(self.table.pieces[i] for key in words for i in key)
         candidates = self.vocab.sp.NBestEncodeAsIds(text.replace(WORD_START, " ").strip(), self.nbest)
+        if not candidates:
+            return [i for key in words for i in key]
         weights = [self.alpha * sum(self.vocab.sp.GetScore(i) for i in ids) for ids in candidates]
         top = max(weights)
         return rng.choices(candidates, weights=[math.exp(w - top) for w in weights])[0]
@@ -194,17 +216,25 @@ class SubwordSampler:
     """Re-segments the training split of a prepared directory, one epoch at a time."""
 
     def __init__(self, data: ParallelIds, vocabs: tuple[Vocab, Vocab], kind: str, alpha: float, nbest: int,
-                 seed: int) -> None:
+                 seed: int, max_positions: int | None = None) -> None:
         pairs = [data.pair(i) for i in range(len(data))]
         self.sides = [SideSampler(vocab, kind, alpha, nbest, [pair[side] for pair in pairs])
                       for side, vocab in enumerate(vocabs)]
         self.size, self.seed = len(data), seed
+        # a position table's rows (sinusoidal or learned positions): sources up to max_positions
+        # pieces, targets one fewer (BOS); a longer draw keeps the prepared segmentation, which
+        # training checked to fit, instead of being cut (a cut target + EOS teaches early stops)
+        self.limits = (max_positions, max_positions - 1) if max_positions else (None, None)
 
     def epoch(self, epoch: int) -> ParallelIds:
         """Every training pair segmented by sampling for ``epoch``."""
         flat = []
         for side, sampler in enumerate(self.sides):
             seeds = sentence_seeds(self.seed, epoch, side, self.size).tolist()
-            flat.append(flatten([sampler.sample(i, seed) for i, seed in enumerate(seeds)]))
+            drawn = [sampler.sample(i, seed) for i, seed in enumerate(seeds)]
+            limit = self.limits[side]
+            if limit is not None:
+                drawn = [ids if len(ids) <= limit else sampler.given(i) for i, ids in enumerate(drawn)]
+            flat.append(flatten(drawn))
         (src, src_offsets), (tgt, tgt_offsets) = flat
         return ParallelIds(src, src_offsets, tgt, tgt_offsets)
