@@ -124,7 +124,8 @@ def results_markdown(results: dict) -> str:
     lines += ["", f"- p: {significance['test']} ({significance['resamples']} resamples, seed {significance['seed']}) "
                   f"of each variant's test BLEU against `{results['baseline']}`, the first variant.",
               "- train tok/s: median of the logged windows (target tokens); decode sent/s: the test set with the "
-              "recipe's beam; peak RSS: the largest over the variant's `nmtkit run` sessions."]
+              "recipe's beam; peak RSS: the largest single process (`nmtkit run` or one of its workers) over the "
+              "variant's sessions; the first variant of each prepare also ran that prepare."]
     if done:
         best = max(done, key=lambda row: row["dev_bleu"])
         lines.append(f"- best dev BLEU: `{best['name']}` ({best['dev_bleu']:.2f}); choose on dev, report test once.")
