@@ -144,6 +144,25 @@ def test_words_with_an_unknown_piece_keep_it_in_every_draw(prepared, nbest):
     assert sampled != given  # the other words are still sampled
 
 
+def test_tags_stay_one_piece_in_every_draw(tmp_path):
+    """A tag's characters may be pieces of their own (text with < and >): a draw over them would
+    spell the tag out, and the model would never see its tag."""
+    texts = [f"<bt> {s}" for s, _ in word_pairs(120, 0)] + [f"a <b> t > {s}" for s, _ in word_pairs(40, 3)]
+    train_spm(texts, tmp_path / "spm.model", vocab_size=40, reserved=["<bt>"])
+    vocab = Vocab(tmp_path / "spm.model")
+    tag = vocab.sp.PieceToId("<bt>")
+    assert all(vocab.sp.PieceToId(c) != vocab.sp.unk_id() for c in "<bt>")  # its characters are pieces too
+    data = ids_of(vocab, texts[:120])
+    assert all(tag in ids for ids in sentences(data))
+
+    def tagged(tags):
+        drawn = SubwordSampler(data, (vocab, vocab), "unigram", 0.1, -1, 1, tags=tags)
+        return [sum(tag in ids for ids in sentences(drawn.epoch(epoch))) for epoch in range(4)]
+
+    assert min(tagged([])) < 120  # without being told, some draws spell the tag out
+    assert tagged(["<bt>"]) == [120] * 4
+
+
 def test_draws_longer_than_the_position_table_keep_the_prepared_segmentation(prepared):
     vocab = Vocab(prepared / "spm.model")
     data = load_split(prepared / "train.npz")

@@ -14,7 +14,7 @@ epoch, side, sentence index), so an epoch's segmentation is a pure function of t
 position and a resumed run re-draws exactly what an uninterrupted one drew. The sampler
 starts from the deterministic ids of train.npz: pieces never cross a word boundary (``▁``),
 so each word is re-segmented alone, and its lattice is built once per distinct word. Words
-holding an unknown piece keep their segmentation. Dev and test are never sampled.
+holding an unknown piece or a tag keep their segmentation. Dev and test are never sampled.
 """
 from __future__ import annotations
 
@@ -141,8 +141,12 @@ class FixedWord:
 class SideSampler:
     """Samples one side (source or target) of the training data."""
 
-    def __init__(self, vocab: Vocab, kind: str, alpha: float, nbest: int, sentences: Sequence[np.ndarray]) -> None:
+    def __init__(self, vocab: Vocab, kind: str, alpha: float, nbest: int, sentences: Sequence[np.ndarray],
+                 kept: Sequence[str] = ()) -> None:
         self.vocab, self.table, self.kind, self.alpha, self.nbest = vocab, PieceTable(vocab), kind, alpha, nbest
+        # words holding one of these ids keep their segmentation: the unknown piece, and tags
+        # (<bt>, <2es>), which a draw over their characters could spell out
+        self.fixed = {self.table.unk} | {self.table.ids[piece] for piece in kept if piece in self.table.ids}
         self.words: dict[tuple[int, ...], object] = {}
         self.sentences = [self._word_keys(ids) for ids in sentences]
 
@@ -162,7 +166,7 @@ class SideSampler:
         return words
 
     def _word_sampler(self, key: tuple[int, ...]):
-        if self.table.unk in key:
+        if self.fixed.intersection(key):
             return FixedWord(list(key))
         text = "".join(self.table.pieces[i] for i in key)
         if self.kind == "bpe":
@@ -192,7 +196,7 @@ class SideSampler:
         ids: list[int] = []
         run: list[tuple[int, ...]] = []
         for key in [*self.sentences[index], None]:
-            if key is not None and self.table.unk not in key:
+            if key is not None and not self.fixed.intersection(key):
                 run.append(key)
                 continue
             if run:
@@ -216,9 +220,9 @@ class SubwordSampler:
     """Re-segments the training split of a prepared directory, one epoch at a time."""
 
     def __init__(self, data: ParallelIds, vocabs: tuple[Vocab, Vocab], kind: str, alpha: float, nbest: int,
-                 seed: int, max_positions: int | None = None) -> None:
+                 seed: int, max_positions: int | None = None, tags: Sequence[str] = ()) -> None:
         pairs = [data.pair(i) for i in range(len(data))]
-        self.sides = [SideSampler(vocab, kind, alpha, nbest, [pair[side] for pair in pairs])
+        self.sides = [SideSampler(vocab, kind, alpha, nbest, [pair[side] for pair in pairs], tags)
                       for side, vocab in enumerate(vocabs)]
         self.size, self.seed = len(data), seed
         # a position table's rows (sinusoidal or learned positions): sources up to max_positions

@@ -105,7 +105,8 @@ class Trainer:
 
             t = cfg.train
             self.sampler = SubwordSampler(self.train_data, (src_vocab, tgt_vocab), cfg.vocab.type, t.subword_alpha,
-                                          t.subword_nbest, t.seed, getattr(model, "max_positions", None))
+                                          t.subword_nbest, t.seed, getattr(model, "max_positions", None),
+                                          cfg.data.tags)
         self.model = model.to(device)
         # the model and its chunked loss as one module, in DDP under torchrun; the model's features are
         # compiled inside DDP, so gradient hooks and no_sync stay DDP's own. Checkpoints save self.model:
