@@ -336,7 +336,7 @@ def test_a_variant_whose_settings_changed_trains_afresh_and_keeps_its_old_run(tm
 
     again = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003}}]))
     assert again.returncode == 0, again.stderr
-    assert "v: its settings changed since it ran; moved its old train/ to" in " ".join(again.stderr.split())
+    assert "v: trained with other settings (train.lr); moved its old train/ to" in " ".join(again.stderr.split())
     [old_run] = variant.glob("train.old-*")
     [old_results] = variant.glob("results.old-*")
     assert sorted(p.name for p in (old_run / "checkpoints").iterdir()) == old_checkpoints
@@ -346,6 +346,13 @@ def test_a_variant_whose_settings_changed_trains_afresh_and_keeps_its_old_run(tm
     assert yaml.safe_load((variant / "train" / "config.yaml").read_text())["train"]["lr"] == 0.003
     record = json.loads((variant / "sweep-run.json").read_text())
     assert (record["status"], record["sessions"]) == ("done", 1)
+
+    # decoding settings change only the translations: the model stays, dev and test are translated again
+    beam = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003,
+                                                                                        "decode.beam_size": 2}}]))
+    assert beam.returncode == 0, beam.stderr
+    assert len(list(variant.glob("train.old-*"))) == 1 and "training already finished" in (variant / "run.log").read_text()
+    assert "beam 2" in (variant / "run.log").read_text()
 
 
 def test_a_failed_variant_reports_the_error_of_its_own_session(tmp_path):
