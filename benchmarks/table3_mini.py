@@ -90,7 +90,8 @@ def done(results: dict) -> dict[str, dict]:
 
 def table(sittings: list[dict]) -> str:
     """One line per row of OURS from the latest sitting that finished it (index from 1 in the
-    sitting column), plus the base of every contributing sitting after the first."""
+    sitting column); the base once for every sitting that contributes a row (pending where that
+    sitting did not finish its base)."""
     finished = [done(results) for results in sittings]
     known = {name for name, *_ in OURS}
     unknown = sorted({name for results in sittings for name in (v["name"] for v in results["variants"])} - known)
@@ -104,9 +105,9 @@ def table(sittings: list[dict]) -> str:
     latest_params = {v["name"]: v for v in sittings[-1]["variants"]}
     for name, letter, words, row in OURS:
         paper = [PAPER_BASE[0], f"{PAPER_BASE[2]}, {PAPER_BASE[3]}M"] if name == "base" else paper_cells(row)
-        shown = contributing if name == "base" else [source[name]]
+        shown = (contributing or [None]) if name == "base" else [source[name]]
         for i in shown:
-            result = finished[i][name] if i is not None else latest_params.get(name)
+            result = finished[i].get(name) if i is not None else latest_params.get(name)
             base = finished[i].get("base") if i is not None else None
             sitting = "—" if i is None else str(i + 1)
             lines.append("| " + " | ".join([letter, sitting, words, *our_cells(result, base), *paper]) + " |")

@@ -297,3 +297,11 @@ def test_table3_mini_takes_each_row_from_the_latest_sitting_and_compares_it_with
     assert "| C | 2 | 6+6 layers | 3.400 | 16.00 (−2.5) | 15.00 | 0.002 |" in six  # against sitting 2's base
     pending = next(line for line in lines if "| 4+4 layers |" in line)
     assert "| C | — | 4+4 layers | pending |" in pending
+
+    third = [{"name": "C-layers-4", "status": "done", "dev_loss": 3.3, "dev_bleu": 15.0, "test_bleu": 14.0,
+              "p_value": None, "parameters": 9e6}]  # a sitting without its base: its base shows as pending
+    lines = table3_mini.table([{"variants": first}, {"variants": second}, {"variants": third}]).splitlines()[2:]
+    assert [line.split(" | ")[1] for line in lines if line.startswith("| base |")] == ["1", "2", "3"]
+    assert "| base | 3 | d 256, FFN 1024, 3+3 layers, 4 heads of 64, post-norm, sinusoidal | pending |" in lines[2]
+    assert "| C | 3 | 4+4 layers | 3.300 | 15.00 | 14.00 | — |" in next(line for line in lines if "| 4+4 layers |" in line)
+    assert table3_mini.table([{"variants": []}]).splitlines()[2].startswith("| base | — |")

@@ -134,14 +134,15 @@ def test_text_settings_that_yaml_reads_as_booleans_or_numbers_ask_for_quotes(tex
 def test_numbers_yaml_would_rewrite_stay_text_so_a_revision_keeps_its_digits(tmp_path):
     """YAML 1.1 reads 0123456 as octal 42798: a pinned hf_revision would silently name another commit."""
     recipe = tmp_path / "hf.yaml"
-    recipe.write_text("data: {source: hf, hf_name: x/y, hf_config: 1:20, hf_revision: 0123456, src_lang: de, tgt_lang: en}\n"
-                      "train: {max_steps: 0100, save_every: 1_000, validate_every: 250}\n")
+    recipe.write_text("data:\n  source: hf\n  hf_name: x/y\n  hf_config: 1:20\n  hf_revision: 0123456\n"
+                      "  src_lang: de\n  tgt_lang: en\ntrain: {max_steps: 0100, save_every: 1_000, validate_every: 250}\n")
     cfg = load_config(recipe)
     assert (cfg.data.hf_revision, cfg.data.hf_config) == ("0123456", "1:20")
     assert (cfg.train.max_steps, cfg.train.save_every, cfg.train.validate_every) == (100, 1000, 250)  # decimal, not octal
     assert load_config(recipe, ["data.hf_revision=0777"]).data.hf_revision == "0777"
-    with pytest.raises(ConfigError, match=r"^train.max_steps: expected an integer, got '0x10'$"):
-        load_config(recipe, ["train.max_steps=0x10"])
+    assert load_config(recipe, ["train.max_steps=0x10"]).train.max_steps == 16  # YAML 1.1's hex, as before
+    with pytest.raises(ConfigError, match=r"^train.max_steps: expected an integer, got '0x1g'$"):
+        load_config(recipe, ["train.max_steps=0x1g"])
 
 
 def test_overrides_reach_an_empty_section_and_take_paths_starting_with_a_star(tmp_path):

@@ -272,3 +272,14 @@ def test_errors_of_a_corpus_name_its_key_in_data_corpora(tmp_path, step):
         else:
             CorpusStream(from_dict(recipe).data)
     assert str(raised.value) == f"file not found: {missing} (data.corpora[1].files.train.tgt)"
+
+
+def test_the_corpus_key_replaces_data_keys_only_not_paths_or_quoted_values():
+    from nmtkit.data.corpora import _named
+    from nmtkit.errors import DataError
+
+    with pytest.raises(DataError) as raised:
+        with _named(2):
+            raise DataError("file not found: /x/data.train.de (data.files.train.de = 'data.train.de', relative to /x)")
+    assert str(raised.value) == ("file not found: /x/data.train.de (data.corpora[2].files.train.de = "
+                                 "'data.train.de', relative to /x)")

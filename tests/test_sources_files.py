@@ -56,6 +56,9 @@ def test_old_mac_line_ends_are_refused_and_windows_ones_read(data, tmp_path):
         read_corpus(data)
     (tmp_path / "train.es").write_bytes(b"uno\r\ndos\r\ntres\r\n")
     assert list(read_corpus(data).train) == [("one", "uno"), ("two", "dos"), ("three", "tres")]
+    long_first = "x" * 200_000 + "\r y"  # a stray carriage return in a first line longer than one read
+    (tmp_path / "train.es").write_bytes(f"{long_first}\ndos\ntres\n".encode())
+    assert [tgt for _, tgt in read_corpus(data).train] == [long_first, "dos", "tres"]
 
 
 def test_mismatched_dev_lines(data, tmp_path):

@@ -35,6 +35,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         try:
             return int(value)
         except ValueError:
+            pass
+        try:  # 0x10, 0o17, 0b101 (which recipe text keeps as text: see recipe_text.py)
+            return int(value, 0)
+        except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
     if annotation is float:
         if isinstance(value, bool):

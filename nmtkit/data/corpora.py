@@ -41,7 +41,7 @@ def source_fingerprint(source, first: bool, index: Optional[int] = None) -> dict
         return files.fingerprint(source, ("train",)) if training_only(source, first) else fingerprint(source)
 
 
-_DATA_KEY = re.compile(r"(?<![\w./-])data\.(?!corpora\b)")
+_DATA_KEY = re.compile(r"(?<![\w./'\"-])data\.(?!corpora\b)")  # a key, not part of a path or a quoted value
 
 
 @contextlib.contextmanager

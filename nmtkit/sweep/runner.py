@@ -90,14 +90,17 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
     if variant_status(sweep, variant) == "done":
         console.info(f"{variant.name}: finished earlier with these settings, skipped")
         return "done", 0
-    _link_prepared(sweep, variant)
+    _link_prepared(sweep, variant, console)
+    changed = _trained_otherwise(WorkDir(directory).run.path, variant.config)
+    if changed:
+        _set_aside_old_run(directory, console, variant.name, changed)
     old = read_record(directory)
-    if old.get("config") not in (None, variant.config_key):  # the sweep file changed this variant since it ran
-        _set_aside_old_run(directory, console, variant.name)
+    if old.get("config") != variant.config_key:  # other settings: its sessions and memory start afresh
         old = {}
     # recorded before the child starts: a sweep killed outright leaves the settings its run belongs to
-    atomic_write_text(directory / RECORD, json.dumps({**old, "config": variant.config_key, "status": "started"},
-                                                     indent=1) + "\n")
+    started = {"config": variant.config_key, "status": "started", "sessions": old.get("sessions", 0),
+               "peak_rss_mib": old.get("peak_rss_mib", 0)}
+    atomic_write_text(directory / RECORD, json.dumps(started, indent=1) + "\n")
     arguments = run_command(sweep, variant)
     log = directory / "run.log"
     console.info(f"nmtkit {shlex.join(arguments)}")
@@ -118,7 +121,37 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
     return status, code
 
 
-def _set_aside_old_run(directory: Path, console, name: str) -> None:
+# train settings that say how long, how often, where or how fast: a run resumed with new values is
+# the run the new settings describe (max_steps too, unless the schedule decays towards it)
+_RESUMABLE = {"max_steps", "max_epochs", "threads", "log_every", "validate_every", "save_every", "keep_last",
+              "tensorboard", "average_last", "dev_bleu_beam", "dev_bleu_max_sentences", "patience", "best_metric",
+              "device", "dtype", "compile"}
+
+
+def _trained_otherwise(run_dir: Path, cfg) -> list[str]:
+    """The model, train or data settings the run in ``run_dir`` was trained with that differ from
+    ``cfg``'s, apart from those a resumed run may change (decode settings only re-translate)."""
+    from nmtkit.errors import DataError
+    from nmtkit.runlog import read_run_config
+
+    try:
+        saved = read_run_config(run_dir)
+    except DataError:
+        return ["its saved config.yaml is damaged"]
+    if saved is None:
+        return []
+    now = json.loads(json.dumps(cfg.to_dict()))
+    defaults = json.loads(json.dumps(type(cfg)().to_dict()))  # a key added since: the saved run used its default
+    resumable = _RESUMABLE - ({"max_steps"} if now["train"].get("schedule") in ("cosine", "linear") else set())
+    changed = []
+    for section in ("model", "train", "data"):
+        old = {**defaults[section], **(saved.get(section) or {})}
+        changed += [f"{section}.{key}" for key, value in now[section].items()
+                    if old.get(key) != value and not (section == "train" and key in resumable)]
+    return changed
+
+
+def _set_aside_old_run(directory: Path, console, name: str, changed: list[str]) -> None:
     """A variant whose settings changed trains from scratch: resuming its old run would train on
     with the new settings from the old weights (or find it finished and report the old model
     under the new settings). Its training run and results are moved aside, not deleted."""
@@ -132,23 +165,25 @@ def _set_aside_old_run(directory: Path, console, name: str) -> None:
             n += 1
             backup = path.with_name(f"{path.name}.old-{stamp}-{n}")
         os.replace(path, backup)
-        console.warn(f"{name}: its settings changed since it ran; moved its old {path.name}/ to {backup}")
+        console.warn(f"{name}: trained with other settings ({', '.join(changed[:3])}"
+                     f"{', ...' if len(changed) > 3 else ''}); moved its old {path.name}/ to {backup}")
 
 
-def _link_prepared(sweep: Sweep, variant: Variant) -> None:
-    """Point the variant's prepared/ at the shared one of its data key (relative link)."""
-    shared = sweep.workdir / "prepared" / variant.data_key
-    shared.mkdir(parents=True, exist_ok=True)
+def _link_prepared(sweep: Sweep, variant: Variant, console) -> None:
+    """Point the variant's prepared/ at the shared one of its data key (relative link); a variant
+    whose data or vocab settings changed since it ran gets the new one and trains afresh."""
     directory = sweep.variant_dir(variant.name)
     directory.mkdir(parents=True, exist_ok=True)
     link, target = WorkDir(directory).prepared, Path("..", "..", "prepared", variant.data_key)
     if link.is_symlink():
-        if Path(os.readlink(link)) == target:
+        current = Path(os.readlink(link))
+        if current in (target, Path("..", "..", "prepared", variant.legacy_data_key)):
             return
-        raise ConfigError(f"variant {variant.name}: its data or vocab settings changed since it ran "
-                          f"({link} -> {os.readlink(link)}); remove {directory} to run it again")
-    if link.exists():
+        _set_aside_old_run(directory, console, variant.name, [f"data or vocab settings: prepared/ -> {current}"])
+        link.unlink()  # our own link; the prepared directory it named stays
+    elif link.exists():
         raise ConfigError(f"{link} exists and was not made by `nmtkit sweep`; move it away")
+    (sweep.workdir / "prepared" / variant.data_key).mkdir(parents=True, exist_ok=True)
     link.symlink_to(target, target_is_directory=True)
 
 

@@ -56,10 +56,18 @@ class Variant:
     @property
     def data_key(self) -> str:
         """Variants with the same key share one ``prepare``: a digest of what prepared/ depends on."""
+        return self._data_digest(with_weights=False)  # training applies corpus weights; prepared/ does not hold them
+
+    @property
+    def legacy_data_key(self) -> str:
+        """The key of nmtkit versions that hashed corpus weights too (their links stay valid)."""
+        return self._data_digest(with_weights=True)
+
+    def _data_digest(self, with_weights: bool) -> str:
         settings = changed_settings(self.config)
         vocab = {k: v for k, v in settings.get("vocab", {}).items() if k != "workers"}  # speed, not output
         data = dict(settings.get("data", {}))
-        if isinstance(data.get("corpora"), list):  # training applies the weights; prepared/ does not hold them
+        if not with_weights and isinstance(data.get("corpora"), list):
             data["corpora"] = [{k: v for k, v in c.items() if k != "weight"} if isinstance(c, dict) else c
                                for c in data["corpora"]]
         text = json.dumps({"data": data, "vocab": vocab}, sort_keys=True, default=str)

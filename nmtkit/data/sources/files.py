@@ -50,9 +50,13 @@ def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]
 
 def _check_line_ends(path: Path, key: str) -> None:
     """Lines end in \\n (or \\r\\n); a file of old-Mac \\r line ends would read as one huge line."""
+    carriage_return = False
     with open(path, "rb") as handle:
-        head = handle.read(1 << 16)
-    if b"\r" in head and b"\n" not in head:
+        for block in iter(lambda: handle.read(1 << 20), b""):  # usually one block: up to the first \n
+            if b"\n" in block:
+                return
+            carriage_return = carriage_return or b"\r" in block
+    if carriage_return:
         raise DataError(f"{shown_path(path, key)} ends its lines with a carriage return alone (old Mac "
                         f"text), so it would read as one line; convert it, e.g. tr '\\r' '\\n' < FILE > NEW")
 
