@@ -6,7 +6,6 @@ the recipe a run was trained with, which resume compares and the model card show
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -56,6 +55,12 @@ def read_run_config(run_dir: str | Path) -> Optional[dict]:
     return saved
 
 
+def saved_section(saved: dict, section: str, cfg) -> dict:
+    """One section of a saved run config, for comparing with ``cfg``'s: a key the saved recipe
+    lacks was added to nmtkit since, and that run used its default."""
+    return {**json.loads(json.dumps(type(cfg)().to_dict()[section])), **(saved.get(section) or {})}
+
+
 def check_resume_settings(cfg, run_dir: Path, console) -> None:
     """Refuse to resume with a different model; say which training settings changed."""
     try:
@@ -66,15 +71,13 @@ def check_resume_settings(cfg, run_dir: Path, console) -> None:
     if saved is None:
         return
     now = cfg.to_dict()
-    # a key the saved recipe lacks was added to nmtkit since: its default is what that run used
-    old_model = {**dataclasses.asdict(type(cfg.model)()), **saved.get("model", {})}
+    old_model = saved_section(saved, "model", cfg)
     if old_model != json.loads(json.dumps(now["model"])):
         changed = sorted(k for k in now["model"] if old_model.get(k) != now["model"][k])
         raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
                           f"use --restart to train a new model")
-    defaults = json.loads(json.dumps(type(cfg)().to_dict()))  # a key added since: the saved run used its default
     for section in ("train", "vocab", "data"):  # data: what resume may change is corpus weights
-        old, new = {**defaults[section], **saved.get(section, {})}, json.loads(json.dumps(now[section]))
+        old, new = saved_section(saved, section, cfg), json.loads(json.dumps(now[section]))
         for key in sorted(new):
             if old.get(key) != new[key]:
                 console.warn(f"resuming with {section}.{key} = {new[key]!r} (was {old.get(key)!r})")

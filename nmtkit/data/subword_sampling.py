@@ -190,9 +190,9 @@ class SideSampler:
         return [i for key in self.sentences[index] for i in key]
 
     def _sample_nbest(self, index: int, rng: random.Random) -> list[int]:
-        """One of the n best segmentations of each run of words between words holding an unknown
-        piece (the whole sentence when it has none), chosen with probability ~ exp(alpha * log p).
-        Words with an unknown piece keep theirs: re-encoded as text, ``<unk>`` would be spelled out."""
+        """One of the n best segmentations of each run of words between fixed words (an unknown
+        piece or a tag; the whole sentence when it has none), chosen with probability ~ exp(alpha *
+        log p). Fixed words keep theirs: re-encoded as text, ``<unk>`` would be spelled out."""
         ids: list[int] = []
         run: list[tuple[int, ...]] = []
         for key in [*self.sentences[index], None]:

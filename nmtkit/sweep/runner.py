@@ -132,7 +132,7 @@ def _trained_otherwise(run_dir: Path, cfg) -> list[str]:
     """The model, train or data settings the run in ``run_dir`` was trained with that differ from
     ``cfg``'s, apart from those a resumed run may change (decode settings only re-translate)."""
     from nmtkit.errors import DataError
-    from nmtkit.runlog import read_run_config
+    from nmtkit.runlog import read_run_config, saved_section
 
     try:
         saved = read_run_config(run_dir)
@@ -141,11 +141,10 @@ def _trained_otherwise(run_dir: Path, cfg) -> list[str]:
     if saved is None:
         return []
     now = json.loads(json.dumps(cfg.to_dict()))
-    defaults = json.loads(json.dumps(type(cfg)().to_dict()))  # a key added since: the saved run used its default
     resumable = _RESUMABLE - ({"max_steps"} if now["train"].get("schedule") in ("cosine", "linear") else set())
     changed = []
     for section in ("model", "train", "data"):
-        old = {**defaults[section], **(saved.get(section) or {})}
+        old = saved_section(saved, section, cfg)
         changed += [f"{section}.{key}" for key, value in now[section].items()
                     if old.get(key) != value and not (section == "train" and key in resumable)]
     return changed
