@@ -18,6 +18,7 @@ import re
 import shutil
 import socket
 import stat
+import secrets
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -73,18 +74,53 @@ def remove_stale_temps(path: Path) -> list[Path]:
 
 def temp_sibling(path: str | Path, directory: bool = False) -> Path:
     """A new temporary file (or directory) beside ``path``, named as ours, with the usual
-    permissions; stale ones of dead nmtkit processes are removed first."""
+    permissions; stale ones of dead nmtkit processes are removed first. The caller removes it:
+    prefer ``temp_beside``, which also does so when a signal lands between create and ``try``."""
     path = Path(path)
     remove_stale_temps(path)
-    prefix = f"{_temp_prefix(path)}{os.getpid()}-"
+    while True:
+        tmp = _temp_name(path)
+        with contextlib.suppress(FileExistsError):  # 48 random bits after our pid: all but impossible
+            _create(tmp, directory)
+            return tmp
+
+
+@contextlib.contextmanager
+def temp_beside(path: str | Path, directory: bool = False) -> Iterator[Path]:
+    """A new temporary file (or directory) beside ``path`` for the block to fill and rename into
+    place; removed if the block raises, a signal's exception included. Its name is chosen before
+    it is created, inside the same ``try``: a SIGTERM or Ctrl-C that arrives just after the file
+    appears (a test, or a user's script, may signal as soon as it sees it) cannot leave it behind."""
+    path = Path(path)
+    remove_stale_temps(path)
+    tmp = _temp_name(path)
+    try:
+        _create(tmp, directory)
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f"{_temp_prefix(path)}{os.getpid()}-{secrets.token_hex(6)}.tmp")
+
+
+def _create(tmp: Path, directory: bool) -> None:
+    """Create ``tmp`` exclusively, with the permissions the umask gives (as ``open`` would)."""
     if directory:
-        tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent)
-        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700
+        os.mkdir(tmp, 0o777)
     else:
-        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600
-    return Path(tmp)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
+
+
+def _remove(tmp: Path) -> None:
+    """Remove a temporary file or directory of ours, if it is (still) there."""
+    with contextlib.suppress(FileNotFoundError):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink()
 
 
 @contextlib.contextmanager
@@ -93,19 +129,17 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     permission bits of the file it replaces (a private file stays private)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(path)
     try:
-        with open(tmp, mode, encoding=None if "b" in mode else encoding) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(err, OSError) and err.filename is None:  # a failed write (a full disk): name the file
+        with temp_beside(path) as tmp:
+            with open(tmp, mode, encoding=None if "b" in mode else encoding) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None:  # a failed write (a full disk): name the file
             raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 

@@ -32,7 +32,7 @@ from nmtkit.checksums import MANIFEST, verify, write_manifest
 from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
-from nmtkit.files import UMASK, atomic_write_text, replace_directory, sha256_file, temp_sibling
+from nmtkit.files import UMASK, atomic_write_text, replace_directory, sha256_file, temp_beside
 from nmtkit.models.base import Seq2Seq
 from nmtkit.models.build import build_model
 
@@ -81,16 +81,12 @@ def _save_file(weights: dict[str, torch.Tensor], filename: str, shown: Path) -> 
 
 
 def write_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
-    tmp = temp_sibling(path)
-    try:
+    with temp_beside(path) as tmp:
         _save_file(weights, str(tmp), path)
         os.chmod(tmp, 0o666 & ~UMASK)  # safetensors makes 0600
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_weights(path: Path, expected_sha256: Optional[str] = None) -> dict[str, torch.Tensor]:
@@ -117,36 +113,32 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out_dir, directory=True)
     try:
-        weights = weights if weights is not None else state_dict_for_save(model)
-        write_weights(tmp / WEIGHTS, weights)
-        spm_names = {}
-        for side, path in (("src", Path(spm_src)), ("tgt", Path(spm_tgt))):
-            spm_names[side] = path.name
-            if not (tmp / path.name).exists():
-                shutil.copyfile(path, tmp / path.name)
-        meta = {
-            "nmtkit_version": __version__,
-            "model": dataclasses.asdict(model_cfg),
-            "spm": spm_names,
-            "weights_sha256": sha256_file(tmp / WEIGHTS),
-            "parameters": model.num_parameters(),
-            "active_parameters": model.active_parameters(),  # per token: fewer than all with MoE layers
-            **(extra_meta or {}),
-        }
-        meta["checksums"] = MANIFEST
-        if write_extra is not None:
-            write_extra(tmp)
-        atomic_write_text(tmp / CONFIG, json.dumps(meta, indent=2) + "\n")
-        write_manifest(tmp, [path.name for path in tmp.iterdir()])
-        replace_directory(tmp, out_dir)
+        with temp_beside(out_dir, directory=True) as tmp:
+            weights = weights if weights is not None else state_dict_for_save(model)
+            write_weights(tmp / WEIGHTS, weights)
+            spm_names = {}
+            for side, path in (("src", Path(spm_src)), ("tgt", Path(spm_tgt))):
+                spm_names[side] = path.name
+                if not (tmp / path.name).exists():
+                    shutil.copyfile(path, tmp / path.name)
+            meta = {
+                "nmtkit_version": __version__,
+                "model": dataclasses.asdict(model_cfg),
+                "spm": spm_names,
+                "weights_sha256": sha256_file(tmp / WEIGHTS),
+                "parameters": model.num_parameters(),
+                "active_parameters": model.active_parameters(),  # per token: fewer than all with MoE layers
+                **(extra_meta or {}),
+            }
+            meta["checksums"] = MANIFEST
+            if write_extra is not None:
+                write_extra(tmp)
+            atomic_write_text(tmp / CONFIG, json.dumps(meta, indent=2) + "\n")
+            write_manifest(tmp, [path.name for path in tmp.iterdir()])
+            replace_directory(tmp, out_dir)
     except OSError as err:  # a full disk, a quota, a read-only file system: a runtime failure
-        shutil.rmtree(tmp, ignore_errors=True)
         raise NmtkitError(f"cannot write {out_dir}: {err.strerror or err}; nothing was replaced") from err
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -142,7 +142,7 @@ def test_score_rejects_mismatched_and_undecodable_files(tmp_path, monkeypatch, c
 DIRECT_WRITE = re.compile(r"(?<![\w.])open\([^)]*[\"'][wax]b?\+?[\"']|\.write_(text|bytes)\(|\bsave_file\(|"
                           r"\bnp\.save|torch\.save\(|\.savefig\(")
 ALLOWED_DIRECT_WRITES = {  # (module, text on the line): why a direct write is safe there
-    ("nmtkit/modeldir.py", "save_file(weights, filename"): "write_weights passes a mkstemp name, then renames",
+    ("nmtkit/modeldir.py", "save_file(weights, filename"): "write_weights passes a temp_beside name, then renames",
     ("nmtkit/data/ids.py", "open(part, \"wb\")"): "SplitWriter's parts: temp_sibling names, removed once the "
                                                    ".npz is assembled (through atomic_open)",
     ("nmtkit/viz/figure.py", "fig.savefig(handle"): "the handle is atomic_open's",
@@ -178,6 +178,37 @@ def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
             raise OSError(errno.ENOSPC, "No space left on device")  # what a write to a full disk raises
     assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(target)
     assert target.read_text() == "previous\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+@pytest.mark.parametrize("directory", [False, True])
+def test_a_signal_just_after_the_temp_appears_leaves_nothing(tmp_path, monkeypatch, directory):
+    """A SIGTERM or Ctrl-C that arrives right after the temporary file is created (a script
+    may signal as soon as it sees it) -- before any block code runs -- removes it all the same."""
+    from nmtkit import files
+
+    real_create = files._create
+
+    def signalled_once_created(tmp, as_directory):
+        real_create(tmp, as_directory)
+        assert tmp.exists() and tmp.is_dir() == as_directory
+        raise KeyboardInterrupt  # what the handler raises at the next bytecode
+
+    monkeypatch.setattr(files, "_create", signalled_once_created)
+    target = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with files.temp_beside(target, directory=directory):
+            pytest.fail("the block must not run")
+    if not directory:
+        with pytest.raises(KeyboardInterrupt):
+            with files.atomic_open(target):
+                pytest.fail("the block must not run")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(files, "_create", real_create)
+    with files.temp_beside(target, directory=directory) as tmp:  # and without the signal: made, named as ours
+        assert tmp.is_dir() == directory and tmp.name.startswith(".out.nmtkit-") and tmp.name.endswith(".tmp")
+        assert tmp.stat().st_mode & 0o777 == (0o777 if directory else 0o666) & ~files.UMASK
+        os.rename(tmp, target)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_a_replaced_file_keeps_its_permissions(tmp_path):

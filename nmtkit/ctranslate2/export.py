@@ -35,7 +35,7 @@ from typing import Optional
 
 from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, replace_directory, temp_sibling
+from nmtkit.files import atomic_write_text, replace_directory, temp_beside
 from nmtkit.modeldir import load_model_dir
 from nmtkit.models.positions import ROPE_BASE
 
@@ -196,8 +196,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     spec, ct2_version = build_spec(loaded.model, pieces)
     spec.optimize(quantization=quantization)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out_dir, directory=True)
-    try:
+    with temp_beside(out_dir, directory=True) as tmp:
         spec.save(str(tmp))
         for name in set(loaded.meta["spm"].values()):
             shutil.copyfile(Path(model_dir) / name, tmp / name)
@@ -210,7 +209,4 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
         write_manifest(tmp, [path.name for path in tmp.iterdir() if path.is_file()])
         replace_directory(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
