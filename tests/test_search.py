@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from nmtkit.decoding.ensemble import EnsembleModel
-from nmtkit.decoding.search import beam_search, greedy_search, length_penalty, sample
+from nmtkit.decoding.search import beam_search, greedy_search, length_penalty, sample, sampling_choice
 from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq, group_beams
 from nmtkit.specials import BOS, EOS, PAD
 
@@ -319,6 +319,19 @@ def test_sampling_is_seeded_and_topk_one_is_greedy():
     assert tokens(top1) == tokens(greedy)
     nucleus = sample(model, src, mask, seed=9, topp=1e-6, **SETTINGS)  # only the top piece survives
     assert tokens(nucleus) == tokens(greedy)
+
+
+def test_a_vanishing_nucleus_keeps_the_most_likely_piece():
+    """With topp far below any piece's mass only the top piece survives; the mass before it
+    is not an exact 0 from cumsum on every CPU, so dropping by that sum alone once emptied the row."""
+    inf = float("inf")
+    lprobs = torch.tensor([[-inf, -4.5074, -inf, -inf, -1.1189, -6.1265, -5.6819, -5.4765, -4.7439, -4.5298,
+                            -4.4294, -4.9485, -4.1491, -5.1332, -5.1162, -0.5842]] * 3)
+    for topp in (8.460168885294222e-154, 1e-30, 0.5):
+        choose = sampling_choice(torch.Generator().manual_seed(0), topp=topp)
+        assert choose(lprobs).tolist() == [15, 15, 15]
+    choose = sampling_choice(torch.Generator().manual_seed(0), topp=0.6)  # the top two: 0.57 + 0.34
+    assert set(torch.cat([choose(lprobs) for _ in range(30)]).tolist()) == {4, 15}
 
 
 @torch.no_grad()

@@ -375,7 +375,8 @@ def sampling_choice(generator: torch.Generator, topk: int = DECODE.topk, topp: f
             sorted_logits, order = logits.sort(dim=1, descending=True)
             probs = sorted_logits.softmax(1)
             before = probs.cumsum(1) - probs  # mass of the strictly more likely pieces
-            drop = before >= topp  # the most likely piece is always kept
+            drop = before >= topp
+            drop[:, 0] = False  # the most likely piece is always kept (cumsum need not give its 0 exactly)
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, NEG_INF))
         return torch.multinomial(logits.softmax(1), 1, generator=generator).squeeze(1)
 
