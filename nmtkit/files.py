@@ -29,6 +29,7 @@ UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) .
 os.umask(UMASK)  # ... and put it back
 _HOST = re.sub(r"\W", "_", socket.gethostname())[:32] or "host"
 _NAME_CHARS = 80  # of NAME kept in a temporary name (file names are limited to 255 bytes)
+LOCK_NAME = ".nmtkit.lock"  # named as ours: a work directory may be the user's, holding a `.lock` of theirs
 
 
 def sibling_name(path: Path, tag: str) -> str:
@@ -146,7 +147,7 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
 
 @contextlib.contextmanager
 def exclusive(directory: Path, holder: str, shared: bool = False) -> Iterator[None]:
-    """Hold a lock on ``directory`` (its ``.lock`` file) or fail at once: two processes writing
+    """Hold a lock on ``directory`` (its ``.nmtkit.lock`` file) or fail at once: two processes writing
     the same files would corrupt them. ``holder`` names the other user in the error, with the
     pid and host it recorded in the file. The kernel releases a ``flock`` however its holder
     exits, so the lock of a killed process is simply taken over (no guessing by pid).
@@ -158,7 +159,7 @@ def exclusive(directory: Path, holder: str, shared: bool = False) -> Iterator[No
     except ImportError:  # not POSIX: no locking
         yield
         return
-    lock_file = Path(directory) / ".lock"
+    lock_file = Path(directory) / LOCK_NAME
     # not truncated before we hold the lock; a symbolic link there is refused (ELOOP), not
     # followed: the pid written next would overwrite whatever it points to
     try:

@@ -4,7 +4,7 @@ killed ``translate -i FILE -o FILE`` continues where it stopped:
     .NAME.nmtkit-partial/    (NAME: the output's name; named as nmtkit's temporary files are)
         key.json             what the chunks were made from (input, models, settings), as a digest
         chunk-000000.txt     chunk 0's output lines, written atomically; chunk-000001.txt, ...
-        .lock                held while a process writes here (a second one is refused)
+        .nmtkit.lock         held while a process writes here (a second one is refused)
 
 The output itself appears only once every chunk is done, atomically, from the chunks in
 order; then the directory is removed. Chunks made under another key are never used: they
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from nmtkit.errors import ConfigError
-from nmtkit.files import atomic_open, atomic_write_text, exclusive, sibling_name
+from nmtkit.files import LOCK_NAME, atomic_open, atomic_write_text, exclusive, sibling_name
 
 KEY_FILE = "key.json"
 _CHUNK = re.compile(r"chunk-\d{6,}\.txt")
@@ -99,9 +99,10 @@ def _chunks(directory: Path) -> list[Path]:
 
 
 def _remove_ours(directory: Path, everything: bool) -> None:
-    """Delete the chunk files in ``directory`` (with ``everything``, also key.json and .lock),
-    and nothing else."""
-    paths = _chunks(directory) + ([directory / KEY_FILE, directory / ".lock"] if everything else [])
+    """Delete the chunk files in ``directory`` (with ``everything``, also key.json and the lock;
+    ``.lock`` is the name an older nmtkit gave it), and nothing else."""
+    paths = _chunks(directory) + ([directory / KEY_FILE, directory / LOCK_NAME, directory / ".lock"]
+                                  if everything else [])
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

@@ -65,7 +65,7 @@ def test_bad_input_exits_2(command, files_recipe, tmp_path, monkeypatch, capsys)
 def test_a_prepare_in_progress_exits_1(command, files_recipe, tmp_path, monkeypatch, capsys):
     prepared = tmp_path / "work" / "prepared"
     prepared.mkdir(parents=True)
-    with open(prepared / ".lock", "a") as held:
+    with open(prepared / ".nmtkit.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code, err = cli(monkeypatch, capsys, "-q", command, files_recipe())
     assert_error(code, err, 1, "is in use by another `nmtkit prepare`")

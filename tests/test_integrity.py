@@ -56,11 +56,11 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, prepared, monkeyp
     holder = hold_lock(tmp_path)
     holder.kill()  # killed while holding it: the file stays, naming a dead pid
     holder.wait()
-    assert (tmp_path / ".lock").read_text() == f"pid {holder.pid} on {socket.gethostname()}\n"
+    assert (tmp_path / ".nmtkit.lock").read_text() == f"pid {holder.pid} on {socket.gethostname()}\n"
     code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe))
     assert code == 0, err
     assert (tmp_path / "train" / "checkpoints" / "step_00000002").is_dir()
-    assert (tmp_path / ".lock").read_text() == ""  # a finished holder is no longer named in a refusal
+    assert (tmp_path / ".nmtkit.lock").read_text() == ""  # a finished holder is no longer named in a refusal
 
 
 # --- a run resumes only on the data it started on (issue 14, item 1) ------------------------------

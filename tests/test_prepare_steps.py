@@ -87,7 +87,7 @@ def train_text(out, lang):
 def snapshot(root):
     """Modification times of every file but the lock (which records its latest holder's pid)."""
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+            if p.is_file() and p.name != ".nmtkit.lock"}
 
 
 def test_layout_counts_and_manifest(recipe, tmp_path):
@@ -280,7 +280,7 @@ def test_second_prepare_on_the_same_dir_is_refused(recipe, tmp_path):
 
     out = tmp_path / "work" / "prepared"
     out.mkdir(parents=True)
-    with open(out / ".lock", "a") as held:
+    with open(out / ".nmtkit.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(NmtkitError, match="in use by another `nmtkit prepare`"):
             run(recipe)

@@ -7,6 +7,7 @@ and never a silently wrong result (issue 14)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -197,12 +198,23 @@ def test_a_damaged_recipe_or_sweep_file(finished, tmp_path, monkeypatch, capsys,
 
 # --- lock files ---------------------------------------------------------------------------------
 
+def test_a_lock_file_of_the_users_in_the_work_directory_is_left_alone(finished, tmp_path, monkeypatch, capsys):
+    """A work directory may be the user's own: their `.lock` there is neither written nor taken
+    as nmtkit's lock (nmtkit's is `.nmtkit.lock`)."""
+    work, recipe = copy_work(finished, tmp_path)
+    (work / ".lock").write_text("theirs\n")
+    os.chmod(work / ".lock", 0o644)
+    code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=6")
+    assert code == 0, err
+    assert (work / ".lock").read_text() == "theirs\n" and (work / ".nmtkit.lock").read_text() == ""
+
+
 def test_a_lock_that_is_a_link_is_refused_and_its_target_kept(finished, tmp_path, monkeypatch, capsys):
     work, recipe = copy_work(finished, tmp_path)
     mine = tmp_path / "mine.txt"
     mine.write_text("my notes\n")
-    (work / ".lock").unlink(missing_ok=True)
-    (work / ".lock").symlink_to(mine)
+    (work / ".nmtkit.lock").unlink(missing_ok=True)
+    (work / ".nmtkit.lock").symlink_to(mine)
     code, err = cli(monkeypatch, capsys, "train", str(recipe), "train.max_steps=6")
     assert_one_line(code, err, (2,), tmp_path / "ran")
-    assert f"{work / '.lock'}" in err and mine.read_text() == "my notes\n"
+    assert f"{work / '.nmtkit.lock'}" in err and mine.read_text() == "my notes\n"

@@ -102,7 +102,7 @@ def test_a_crashed_translation_resumes_from_its_saved_chunks(tmp_path, model_dir
         translate_file([str(model_dir)], str(source), str(out), options(chunk_lines=5), console)
     assert not out.exists()  # whole or not at all
     store = partial_dir(out)
-    assert sorted(p.name for p in store.iterdir()) == [".lock", "chunk-000000.txt", "chunk-000001.txt",
+    assert sorted(p.name for p in store.iterdir()) == [".nmtkit.lock", "chunk-000000.txt", "chunk-000001.txt",
                                                        "chunk-000002.txt", "key.json"]
     assert "15 of 23 lines are saved in" in said.getvalue()
 
