@@ -432,10 +432,20 @@ def _caused_by_ctrl_c(err: BaseException) -> bool:
 
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and an exit code."""
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # ignored, or a caller's own handler
+        _run_app()
+        return
+    signal.signal(signal.SIGTERM, _terminate)  # training installs its own, for a clean stop
+    try:
+        _run_app()
+    finally:  # called in-process (tests, a script): leave the caller's default as it was
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_app() -> None:
+    """The app, with its errors as one line and an exit code."""
     from nmtkit.errors import NmtkitError, user_os_error
 
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # training installs its own, for a clean stop
-        signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except NmtkitError as err:

@@ -198,3 +198,22 @@ def test_settings_an_older_prepare_did_not_record_count_at_their_defaults():
     assert settings_changes(with_defaults(recorded), prepared_settings(cfg)) == []
     recorded["vocab"]["size"] = 4000
     assert settings_changes(with_defaults(recorded), prepared_settings(cfg)) == ["vocab.size: 4000 -> 8000"]
+
+
+def test_main_in_process_leaves_the_callers_sigterm_handler(tmp_path, monkeypatch, capsys):
+    """The CLI turns SIGTERM into a clean exit 143 while it runs; called in-process (a script, a
+    test) it leaves the caller's handler as it found it afterwards, default or the caller's own."""
+    import signal
+
+    def mine(signum, frame) -> None:
+        pass
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        for handler in (signal.SIG_DFL, mine):
+            signal.signal(signal.SIGTERM, handler)
+            code, err = cli(monkeypatch, capsys, "info", str(tmp_path / "missing"))
+            assert code == 2 and "not found" in err, err
+            assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, before)

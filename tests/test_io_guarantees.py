@@ -406,9 +406,9 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
 # --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------
 
 def _as_a_shell_starts_it() -> None:
-    """In the child before exec: SIGINT and SIGTERM handled as in a process a shell starts.
-    A test worker of the full suite once passed SIGINT on ignored or blocked (an earlier test's
-    library left it so), and a Python started that way never turns Ctrl-C into KeyboardInterrupt."""
+    """In the child before exec: SIGINT and SIGTERM as an interactive shell leaves them. A suite
+    started in the background (`nohup pytest &`: the shell ignores SIGINT for background jobs)
+    passes SIGINT on ignored, and nmtkit rightly keeps it so, so the Ctrl-C case would hang."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
