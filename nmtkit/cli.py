@@ -431,7 +431,9 @@ def _caused_by_ctrl_c(err: BaseException) -> bool:
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and an exit code."""
+    """Entry point. SIGTERM becomes a clean exit 143 (temporary files removed on the way out)
+    while the app runs, unless the caller ignores it or handles it itself; called in-process,
+    the default disposition is put back afterwards."""
     if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # ignored, or a caller's own handler
         _run_app()
         return

@@ -15,10 +15,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
-import secrets
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -73,34 +73,22 @@ def remove_stale_temps(path: Path) -> list[Path]:
     return removed
 
 
-def temp_sibling(path: str | Path, directory: bool = False) -> Path:
-    """A new temporary file (or directory) beside ``path``, named as ours, with the usual
-    permissions; stale ones of dead nmtkit processes are removed first. The caller removes it:
-    prefer ``temp_beside``, which also does so when a signal lands between create and ``try``."""
-    path = Path(path)
-    remove_stale_temps(path)
-    while True:
-        tmp = _temp_name(path)
-        with contextlib.suppress(FileExistsError):  # 48 random bits after our pid: all but impossible
-            _create(tmp, directory)
-            return tmp
-
-
 @contextlib.contextmanager
 def temp_beside(path: str | Path, directory: bool = False) -> Iterator[Path]:
-    """A new temporary file (or directory) beside ``path`` for the block to fill and rename into
-    place; removed if the block raises, a signal's exception included. Its name is chosen before
-    it is created, inside the same ``try``: a SIGTERM or Ctrl-C that arrives just after the file
-    appears (a test, or a user's script, may signal as soon as it sees it) cannot leave it behind."""
+    """A new temporary file (or directory) beside ``path``, named as ours, with the usual
+    permissions, for the block to fill and rename into place; whatever is still there when the
+    block ends (it raised, a signal's exception included, or returned early) is removed. Its name is
+    chosen before it is created, inside the same ``try``, so a SIGTERM or Ctrl-C that arrives just
+    after the file appears (a script may signal as soon as it sees it) does not leave it behind.
+    Stale temporaries of dead nmtkit processes beside ``path`` are removed first."""
     path = Path(path)
     remove_stale_temps(path)
     tmp = _temp_name(path)
     try:
         _create(tmp, directory)
         yield tmp
-    except BaseException:
+    finally:
         _remove(tmp)
-        raise
 
 
 def _temp_name(path: Path) -> Path:
@@ -116,8 +104,9 @@ def _create(tmp: Path, directory: bool) -> None:
 
 
 def _remove(tmp: Path) -> None:
-    """Remove a temporary file or directory of ours, if it is (still) there."""
-    with contextlib.suppress(FileNotFoundError):
+    """Remove a temporary file or directory of ours, if it is (still) there; a failure to (a
+    read-only directory) must not replace the exception that is on its way out."""
+    with contextlib.suppress(OSError):
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         else:

@@ -405,19 +405,24 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
 
 # --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------
 
-def _as_a_shell_starts_it() -> None:
-    """In the child before exec: SIGINT and SIGTERM as an interactive shell leaves them. A suite
-    started in the background (`nohup pytest &`: the shell ignores SIGINT for background jobs)
-    passes SIGINT on ignored, and nmtkit rightly keeps it so, so the Ctrl-C case would hang."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
+# Starts ``python -m nmtkit ARGS`` with SIGINT and SIGTERM as an interactive shell leaves them. A
+# suite started in the background (`nohup pytest &`: the shell ignores SIGINT for background jobs)
+# passes SIGINT on ignored, and nmtkit rightly keeps it so, so the Ctrl-C case would hang. (Not
+# a preexec_fn: the test process has threads, where one is unsafe.)
+AS_A_SHELL_STARTS_IT = ("import os, signal, sys\n"
+                        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+                        "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+                        "os.execv(sys.executable, [sys.executable, '-m', 'nmtkit', *sys.argv[1:]])\n")
 
 
 def signal_masks(pid: int | str = "self") -> str:
     """The blocked, ignored and caught signal masks of a process, for a failure message."""
-    with open(f"/proc/{pid}/status") as status:
-        return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:  # it has just ended
+        return "(gone)"
 
 
 def finished(process: subprocess.Popen, seconds: float = 60) -> int:
@@ -432,9 +437,9 @@ def finished(process: subprocess.Popen, seconds: float = 60) -> int:
 
 def start_translation(model_dir: Path, output: Path) -> subprocess.Popen:
     """A translation to ``output`` that waits on its stdin, once its temporary file exists."""
-    process = subprocess.Popen([sys.executable, "-m", "nmtkit", "translate", "-m", str(model_dir), *FAST,
-                                "-o", str(output)], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_as_a_shell_starts_it)
+    process = subprocess.Popen([sys.executable, "-c", AS_A_SHELL_STARTS_IT, "translate", "-m", str(model_dir),
+                                *FAST, "-o", str(output)], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 300
     while not list(output.parent.glob(f".{output.name}.nmtkit-*.tmp")):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()

@@ -143,7 +143,7 @@ DIRECT_WRITE = re.compile(r"(?<![\w.])open\([^)]*[\"'][wax]b?\+?[\"']|\.write_(t
                           r"\bnp\.save|torch\.save\(|\.savefig\(")
 ALLOWED_DIRECT_WRITES = {  # (module, text on the line): why a direct write is safe there
     ("nmtkit/modeldir.py", "save_file(weights, filename"): "write_weights passes a temp_beside name, then renames",
-    ("nmtkit/data/ids.py", "open(part, \"wb\")"): "SplitWriter's parts: temp_sibling names, removed once the "
+    ("nmtkit/data/ids.py", "open(part, \"wb\")"): "SplitWriter's parts: temp_beside names, removed once the "
                                                    ".npz is assembled (through atomic_open)",
     ("nmtkit/viz/figure.py", "fig.savefig(handle"): "the handle is atomic_open's",
     ("nmtkit/runlog.py", "open(self.path, \"a\""): "appends; resume truncates after the checkpoint",
@@ -211,6 +211,35 @@ def test_a_signal_just_after_the_temp_appears_leaves_nothing(tmp_path, monkeypat
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+def test_a_split_writer_that_fails_to_start_leaves_no_parts(tmp_path, monkeypatch):
+    """prepare's id writer makes one part file per array before any id is written: a failure
+    while making them (too many open files, a signal) removes the ones already made."""
+    import numpy as np
+
+    from nmtkit import files
+    from nmtkit.data.ids import SplitWriter, load_split
+
+    real_create, made = files._create, []
+
+    def the_third_fails(tmp, directory):
+        if len(made) == 2:
+            raise OSError(errno.EMFILE, "Too many open files")
+        real_create(tmp, directory)
+        made.append(tmp)
+
+    monkeypatch.setattr(files, "_create", the_third_fails)
+    with pytest.raises(OSError):
+        SplitWriter(tmp_path / "train.npz", (100, 100))
+    assert len(made) == 2 and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(files, "_create", real_create)
+    with SplitWriter(tmp_path / "train.npz", (100, 100)) as writer:
+        writer.add(np.array([1, 2, 3, 7]), np.array([3, 1]), np.array([4, 5]), np.array([1, 1]))
+    assert [p.name for p in tmp_path.iterdir()] == ["train.npz"]  # the parts went once assembled
+    split = load_split(tmp_path / "train.npz")
+    assert split.src.tolist() == [1, 2, 3, 7] and split.src_offsets.tolist() == [0, 3, 4]
+    assert split.tgt.tolist() == [4, 5] and split.tgt_offsets.tolist() == [0, 1, 2]
+
+
 def test_a_replaced_file_keeps_its_permissions(tmp_path):
     from nmtkit.files import UMASK, atomic_write_text
 
@@ -248,7 +277,8 @@ def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monk
     theirs = tmp_path / ".out.old"
     theirs.mkdir()
     (theirs / "notes.txt").write_text("keep me\n")
-    new = files.temp_sibling(out, directory=True)
+    new = files._temp_name(out)  # a temporary directory of this process, as temp_beside makes
+    new.mkdir()
     (new / "model.txt").write_text("new model\n")
     real_replace, calls = os.replace, []
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from nmtkit.checksums import verify
 from nmtkit.errors import DataError
-from nmtkit.files import atomic_open, temp_sibling
+from nmtkit.files import atomic_open, temp_beside
 
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
 CORPUS = "corpus"  # the optional fifth array
@@ -99,8 +99,13 @@ class SplitWriter:
         if with_corpus:
             self.dtypes[CORPUS] = np.dtype(np.int32)
         self.sizes = dict.fromkeys(self.dtypes, 0)  # elements written (lengths, for the offsets)
-        self.parts = {name: temp_sibling(self.path) for name in self.dtypes}
-        self.handles = {name: open(part, "wb") for name, part in self.parts.items()}
+        self._temps = contextlib.ExitStack()  # the part files: removed on close or on any failure
+        try:
+            self.parts = {name: self._temps.enter_context(temp_beside(self.path)) for name in self.dtypes}
+            self.handles = {name: self._temps.enter_context(open(part, "wb")) for name, part in self.parts.items()}
+        except BaseException:
+            self._temps.close()
+            raise
 
     def __enter__(self) -> "SplitWriter":
         return self
@@ -142,10 +147,7 @@ class SplitWriter:
                     _copy_part(part, member, self.dtypes[name], offsets)
 
     def _discard_parts(self) -> None:
-        for name, handle in self.handles.items():
-            handle.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.parts[name])
+        self._temps.close()  # closes the handles, then removes the parts
 
 
 def _copy_part(part, member, dtype: np.dtype, offsets: bool) -> None:

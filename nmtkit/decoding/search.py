@@ -376,7 +376,7 @@ def sampling_choice(generator: torch.Generator, topk: int = DECODE.topk, topp: f
             probs = sorted_logits.softmax(1)
             before = probs.cumsum(1) - probs  # mass of the strictly more likely pieces
             drop = before >= topp
-            drop[:, 0] = False  # the most likely piece is always kept (cumsum need not give its 0 exactly)
+            drop[:, 0] = False  # the most likely piece is always kept: a topp below float32's range compares as 0
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, NEG_INF))
         return torch.multinomial(logits.softmax(1), 1, generator=generator).squeeze(1)
 
