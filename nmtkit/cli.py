@@ -434,14 +434,14 @@ def main() -> None:
     """Entry point. SIGTERM becomes a clean exit 143 (temporary files removed on the way out)
     while the app runs, unless the caller ignores it or handles it itself; called in-process,
     the default disposition is put back afterwards."""
-    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:  # ignored, or a caller's own handler
-        _run_app()
-        return
-    signal.signal(signal.SIGTERM, _terminate)  # training installs its own, for a clean stop
+    ours = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # not ignored, no caller's own handler
+    if ours:
+        signal.signal(signal.SIGTERM, _terminate)  # training installs its own, for a clean stop
     try:
         _run_app()
-    finally:  # called in-process (tests, a script): leave the caller's default as it was
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    finally:
+        if ours:  # called in-process (tests, a script): leave the caller's default as it was
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_app() -> None:
