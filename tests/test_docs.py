@@ -139,6 +139,17 @@ def test_link_checker_finds_broken_links(tmp_path, monkeypatch):
     assert link_problem(page, "https://example.org/x.md#y") is None
 
 
+def test_every_guarantee_names_the_test_file_that_holds_it():
+    """docs/guarantees.md is a list a reader can check: one promise a bullet, each ending in a
+    link to the test file that holds it (the link test above checks that the file exists)."""
+    page = PAGES[ROOT / "docs" / "guarantees.md"]
+    bullets = [line for line in page.prose.splitlines() if line.startswith("- ")]
+    assert len(bullets) >= 40
+    unchecked = [line for line in bullets
+                 if not re.search(r"\[test_\w+\.py\]\(\.\./tests/test_\w+\.py\)$", line.rstrip())]
+    assert not unchecked, "promises without their test file:\n" + "\n".join(unchecked)
+
+
 # ---------------------------------------------------------------- command lines
 
 @dataclass
