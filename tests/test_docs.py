@@ -125,7 +125,7 @@ def test_the_docs_index_reaches_every_page():
 
 def test_slug_follows_githubs_rules():
     assert slug("Threads: `train.threads`") == "threads-trainthreads"
-    assert slug("torch.compile on CPU (compile_speed.py, 2026-11-24)") == "torchcompile-on-cpu-compile_speedpy-2026-11-24"
+    assert slug("torch.compile on CPU (compile_speed.py, 2026-11)") == "torchcompile-on-cpu-compile_speedpy-2026-11"
     assert slug("The Transformer against the LSTM, per minute") == "the-transformer-against-the-lstm-per-minute"
     assert slug("See [the guide](x.md) — now") == "see-the-guide--now"
 
@@ -148,6 +148,25 @@ def test_every_guarantee_names_the_test_file_that_holds_it():
     unchecked = [line for line in bullets
                  if not re.search(r"\[test_\w+\.py\]\(\.\./tests/test_\w+\.py\)$", line.rstrip())]
     assert not unchecked, "promises without their test file:\n" + "\n".join(unchecked)
+
+
+def test_the_architecture_table_names_the_function_each_command_calls():
+    """ARCHITECTURE.md's "command -> core function -> module" table stays true: one row per
+    command, and that command in cli.py imports the named function from the named module,
+    which defines it."""
+    import inspect
+
+    import nmtkit.cli
+
+    row = re.compile(r"^\| `nmtkit (\w+)[^`]*` \| `(\w+)`[^|]* \| \[`([\w/]+)\.py`\]", re.MULTILINE)
+    rows = row.findall(PAGES[ROOT / "ARCHITECTURE.md"].prose)
+    assert sorted(name for name, _, _ in rows) == sorted(GROUP.commands)
+    for name, function, module in rows:
+        source = inspect.getsource(getattr(nmtkit.cli, name))
+        dotted = module.replace("/", ".")
+        imported = rf"from {re.escape(dotted)} import [^\n]*\b{function}\b"
+        assert re.search(imported, source), f"nmtkit {name} calls no {dotted}.{function}"
+        assert re.search(rf"^def {function}\(", (ROOT / f"{module}.py").read_text(encoding="utf-8"), re.MULTILINE)
 
 
 # ---------------------------------------------------------------- command lines
