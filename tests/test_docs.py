@@ -123,6 +123,14 @@ def test_the_docs_index_reaches_every_page():
     assert not missing, f"README.md does not link {missing}"
 
 
+def test_readme_is_a_front_door_with_a_line_per_command():
+    """README stays short (the topics live in docs/) and lists every command once in its table."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    listed = re.findall(r"^\| `nmtkit (\w+)", text, re.MULTILINE)
+    assert sorted(listed) == sorted(GROUP.commands)
+
+
 def test_slug_follows_githubs_rules():
     assert slug("Threads: `train.threads`") == "threads-trainthreads"
     assert slug("torch.compile on CPU (compile_speed.py, 2026-11)") == "torchcompile-on-cpu-compile_speedpy-2026-11"
