@@ -131,7 +131,7 @@ def killed_and_resumed(recipe: Path, run_dir: Path, kill_after: int, determinist
 def resume_part(settings: dict) -> dict:
     """An uninterrupted run against one killed after its first checkpoint and resumed: with
     deterministic algorithms (bit-identical expected) and, on CUDA, without (a bound)."""
-    data, steps, every = Path(settings["data"]), (6 if settings["tiny"] else 40), (2 if settings["tiny"] else 10)
+    data, steps, every = Path(settings["data"]), (4 if settings["tiny"] else 20), (2 if settings["tiny"] else 10)
     modes = [True, False] if settings["device"].startswith("cuda") else [True]
     out = {"steps": steps, "killed_after": every}
     with tempfile.TemporaryDirectory(prefix="gpu-check-resume-") as tmp:
