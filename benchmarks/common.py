@@ -40,9 +40,13 @@ def machine() -> dict:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    try:  # a copied tree (the GPU machine's) may have no git, or no repository
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip() or None
+    except OSError:
+        commit = None
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), **versions,
-            "commit": commit.stdout.strip() or None, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def child_env(threads: Optional[int]) -> dict:

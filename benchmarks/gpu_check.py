@@ -6,7 +6,7 @@
 Writes OUT/gpu_check.json and OUT/gpu_check.md. Each part runs in a forked process of its own
 process group under its own time limit (cut to what is left of ``--budget-s``), so a failing,
 crashing or hanging part is recorded (cause, traceback tail; or "timeout") and the others run.
-Parts: device, invariants, training, resume, kernels, train_speed, quickstart, decode, torchrun
+Parts: device, invariants, training, resume, kernels, torchrun, train_speed, quickstart, decode
 (docs/gpu.md says what each proves). ``--tiny`` shrinks every part to tiny shapes and a few
 steps; on CPU the parts that need CUDA (fused attention kernels, NCCL) are recorded as skipped
 with the reason, never as passed.
@@ -31,8 +31,8 @@ from pathlib import Path
 import common
 
 # seconds per part at full size on one H100; together at most the 8 minutes of the issue
-LIMITS = {"device": 15, "invariants": 25, "training": 40, "resume": 60, "kernels": 40, "train_speed": 120,
-          "quickstart": 100, "decode": 50, "torchrun": 30}
+LIMITS = {"device": 15, "invariants": 25, "training": 40, "resume": 60, "kernels": 40, "torchrun": 30,
+          "train_speed": 110, "quickstart": 110, "decode": 50}
 TINY_LIMITS = {name: 60 for name in LIMITS}
 CORRECTNESS = ("invariants", "training", "resume", "kernels", "torchrun")
 
@@ -111,8 +111,9 @@ def parts() -> dict:
     import gpu_training
 
     return {"device": device_part, "invariants": invariants_part, "training": gpu_training.training_part,
-            "resume": gpu_runs.resume_part, "kernels": kernels_part, "train_speed": gpu_training.train_speed_part,
-            "quickstart": gpu_runs.quickstart_part, "decode": gpu_runs.decode_part, "torchrun": gpu_runs.torchrun_part}
+            "resume": gpu_runs.resume_part, "kernels": kernels_part, "torchrun": gpu_runs.torchrun_part,
+            "train_speed": gpu_training.train_speed_part, "quickstart": gpu_runs.quickstart_part,
+            "decode": gpu_runs.decode_part}
 
 
 def status_of(name: str, outcome: dict) -> str:
@@ -124,7 +125,9 @@ def status_of(name: str, outcome: dict) -> str:
     return "measured"
 
 
-def run_parts(settings: dict, chosen: list[str], budget: float) -> dict:
+def run_parts(settings: dict, chosen: list[str], budget: float, written=lambda results: None) -> dict:
+    """Each chosen part in turn; ``written(results)`` after each, so a check stopped from
+    outside still leaves the parts it finished on disk."""
     functions, limits = parts(), TINY_LIMITS if settings["tiny"] else LIMITS
     results, start = {}, time.perf_counter()
     for name in chosen:
@@ -147,6 +150,7 @@ def run_parts(settings: dict, chosen: list[str], budget: float) -> dict:
         if "value" in outcome:
             record["result"] = outcome["value"]
         results[name] = record
+        written(results)
         print(f"gpu_check: {name}: {record['status']} ({record['seconds']} s)", file=sys.stderr, flush=True)
     return results
 
@@ -219,13 +223,17 @@ def main(argv=None) -> dict:
             settings["data"] = str(made["value"]) if made["status"] == "ok" else None
             if settings["data"] is None:
                 print(f"gpu_check: could not prepare the toy data: {made}", file=sys.stderr)
-        results = run_parts(settings, chosen, args.budget_s)
-    payload = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "machine": common.machine(), "tiny": args.tiny, "wall_s": round(time.perf_counter() - started, 1),
-               "parts": results}
-    (out / "gpu_check.json").write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    (out / "gpu_check.md").write_text(markdown(payload), encoding="utf-8")
-    return payload
+        command = "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        machine = common.machine()
+
+        def write(results: dict) -> dict:
+            payload = {"command": command, "machine": machine, "tiny": args.tiny,
+                       "wall_s": round(time.perf_counter() - started, 1), "parts": results}
+            (out / "gpu_check.json").write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+            (out / "gpu_check.md").write_text(markdown(payload), encoding="utf-8")
+            return payload
+
+        return write(run_parts(settings, chosen, args.budget_s, write))
 
 
 if __name__ == "__main__":
