@@ -166,7 +166,7 @@ def tiny_model_of(cfg: ModelConfig) -> ModelConfig:
 
 def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, steps: int, warmup: int,
             chunked: bool = True, compiled: bool = False) -> dict:
-    """Median-free throughput of ``steps`` timed updates after ``warmup``: target tokens/s
+    """Throughput of ``steps`` timed updates after ``warmup`` (all together): target tokens/s
     (EOS included, padding not), model TFLOP/s, peak device memory."""
     torch.manual_seed(0)
     src_lens, tgt_lens = wmt_lengths(20000, seed=2)
@@ -179,16 +179,16 @@ def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, s
     warmup_s = time.perf_counter() - start_compile
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    tokens = src_tokens = 0
+    chosen = [batches[i % len(batches)] for i in range(steps)]
+    tokens = sum(batch.ntokens for batch in chosen)
+    src_tokens = sum(int(batch.src_mask.sum()) for batch in chosen)  # counted before the clock: no sync in it
+    synchronize(device)
     start = time.perf_counter()
-    for i in range(steps):
-        batch = batches[i % len(batches)]
+    for batch in chosen:
         updates.step(batch)
-        tokens += batch.ntokens
-        src_tokens += int(batch.src_mask.sum())
     synchronize(device)
     seconds = time.perf_counter() - start
-    sentences = sum(batches[i % len(batches)].src.size(0) for i in range(steps))
+    sentences = sum(batch.src.size(0) for batch in chosen)
     flops = common.transformer_flops(vars(cfg), vocab, src_tokens / sentences, tokens / sentences)
     record = {"tgt_tok_s": round(tokens / seconds, 1), "step_s": round(seconds / steps, 4),
               "warmup_s": round(warmup_s, 2), "model_tflops": round(tokens / seconds * flops["train_per_tgt_token"] / 1e12, 3),
