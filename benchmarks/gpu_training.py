@@ -169,8 +169,8 @@ def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, s
     """Throughput of ``steps`` timed updates after ``warmup`` (all together): target tokens/s
     (EOS included, padding not), model TFLOP/s, peak device memory."""
     torch.manual_seed(0)
-    src_lens, tgt_lens = wmt_lengths(20000, seed=2)
-    batches = synthetic_batches(src_lens, tgt_lens, max_tokens, vocab, 8, device, 2)
+    src_lens, tgt_lens = wmt_lengths(100_000, seed=2)  # ~3M tokens: 16 batches even of the largest tried
+    batches = synthetic_batches(src_lens, tgt_lens, max_tokens, vocab, 16, device, 2)  # a sample of the lengths
     updates = Updates(build_model(cfg, vocab, vocab), device, dtype, lr=1e-4, chunked=chunked, compiled=compiled)
     start_compile = time.perf_counter()
     for i in range(warmup):
@@ -204,11 +204,11 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def largest_batch(cfg, vocab, device, dtype, start_tokens: int, cap: int, deadline: float) -> dict:
-    """Double the micro-batch from ``start_tokens`` until out of memory, ``cap`` or the deadline;
-    the throughput at the largest that ran."""
+def largest_batch(cfg, vocab, device, dtype, start_tokens: int, most: int, deadline: float) -> dict:
+    """Double the micro-batch from ``start_tokens`` until out of memory, ``most`` times
+    ``start_tokens`` or the deadline; the throughput at the largest that ran."""
     best, tokens = None, start_tokens * 2
-    while tokens <= cap and time.time() < deadline:
+    while tokens <= most * start_tokens and time.time() < deadline:
         try:
             best = {"max_tokens": tokens, **measure(cfg, vocab, device, dtype, tokens, steps=3, warmup=1)}
         except torch.cuda.OutOfMemoryError:
@@ -244,8 +244,7 @@ def train_speed_part(settings: dict) -> dict:
             cfg, vocab, max_tokens = tiny_model_of(cfg), 64, 300
         try:
             if options.get("largest"):
-                result = largest_batch(cfg, vocab, device, dtype, max_tokens, 4 * max_tokens if tiny else 2 ** 20,
-                                       deadline - margin)
+                result = largest_batch(cfg, vocab, device, dtype, max_tokens, 4 if tiny else 16, deadline - margin)
             else:
                 result = {"max_tokens": max_tokens, **measure(cfg, vocab, device, dtype, max_tokens, steps, warmup,
                                                               chunked=not options.get("unchunked"),
