@@ -179,7 +179,14 @@ def markdown(payload: dict) -> str:
 def summary(name: str, result: dict) -> str:
     """One line of a part's headline figures for the Markdown table."""
     if name == "training":
-        return f"float32 vs CPU max rel diff {result.get('max_rel_diff_vs_cpu', 0):.2e}"
+        ends = ", ".join(f"{d} end {result[d]['end_rel_diff_vs_float32']:.1%} off float32, {result[d]['skipped']} skipped"
+                         for d in ("bf16", "fp16") if d in result)
+        return f"float32 vs CPU max rel diff {result.get('max_rel_diff_vs_cpu', 0):.2e}; {ends}"
+    if name == "kernels":
+        return (f"paper on fused kernels {result.get('paper_on_fused_kernels')}, unpadded training on flash "
+                f"{result.get('paper_unpadded_training_on_flash')}; math fallbacks: {result.get('math_fallbacks')}")
+    if name == "torchrun":
+        return f"resumed launch: {result.get('resumed', {}).get('checkpoints')}"
     if name == "resume":
         det = result.get("deterministic", {})
         return f"deterministic bit-identical {det.get('bit_identical')}; default {result.get('default', {})}"

@@ -169,7 +169,7 @@ def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, s
     """Throughput of ``steps`` timed updates after ``warmup`` (all together): target tokens/s
     (EOS included, padding not), model TFLOP/s, peak device memory."""
     torch.manual_seed(0)
-    src_lens, tgt_lens = wmt_lengths(100_000, seed=2)  # ~3M tokens: 16 batches even of the largest tried
+    src_lens, tgt_lens = wmt_lengths(150_000, seed=2)  # ~4.5M tokens: 16 batches even of the largest tried
     batches = synthetic_batches(src_lens, tgt_lens, max_tokens, vocab, 16, device, 2)  # a sample of the lengths
     updates = Updates(build_model(cfg, vocab, vocab), device, dtype, lr=1e-4, chunked=chunked, compiled=compiled)
     start_compile = time.perf_counter()
