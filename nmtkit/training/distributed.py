@@ -43,13 +43,14 @@ def process_group(device: torch.device):
     The group is left on success and on SystemExit (a signal stop, reached by all ranks
     together); after any other error the process just exits and torchrun stops the rest.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    joined = torch_dist.is_initialized()  # by the caller, who also leaves (even a group of one process)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not joined:
         yield device
         return
-    if device.type == "cuda":  # one GPU per process, whatever train.device names
+    if device.type == "cuda":  # one GPU per process, whatever train.device names (DDP needs its index)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    if torch_dist.is_initialized():  # joined by the caller, who also leaves
+    if joined:
         yield device
         return
     torch_dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
