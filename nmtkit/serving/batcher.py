@@ -5,7 +5,9 @@ after that request arrived (no wait at all when requests are already queued behi
 model) until the token budget is spent. Requests with the same decode settings (target
 language included: one tag per call) become one ``Translator.hypotheses`` call (the engine
 under those settings: ``engine.with_options``); each request gets back exactly its own lines,
-in order. Only the worker touches the model, so a torch model never runs two calls at once.
+in order. A request with constraints gets calls of its own: its memory was estimated alone
+(``admission.py``), and another request's phrases would widen every hypothesis's table.
+Only the worker touches the model, so a torch model never runs two calls at once.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from nmtkit.decoding.guides import Guide
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.translate import Translator
+from nmtkit.serving.metrics import Metrics
 
 _STOP = object()  # queued by close(): the worker finishes what it holds, then returns
 
@@ -34,16 +37,20 @@ class Job:
     arrived: float = field(default_factory=time.monotonic)
 
     def key(self) -> tuple:
-        return tuple(sorted(self.decode.items()))
+        """Jobs of one key share translator calls: same settings, and no constraints."""
+        alone = (id(self),) if self.guides is not None and any(guide.constraints for guide in self.guides) else ()
+        return (*sorted(self.decode.items()), *alone)
 
 
 class Batcher:
     """``submit`` from any thread; the worker thread answers each job's future with a
     JSON-ready dict (``answer``) or the exception its translation raised. ``engine`` is a
-    loaded engine (``nmtkit.translation.open_engine``), ``base`` the server's options."""
+    loaded engine (``nmtkit.translation.open_engine``), ``base`` the server's options;
+    every translator call is counted in ``metrics``."""
 
-    def __init__(self, engine, base: TranslateOptions, window_s: float, budget_tokens: int) -> None:
-        self.engine, self.base = engine, base
+    def __init__(self, engine, base: TranslateOptions, window_s: float, budget_tokens: int,
+                 metrics: Optional[Metrics] = None) -> None:
+        self.engine, self.base, self.metrics = engine, base, metrics or Metrics()
         self.window_s, self.budget_tokens = window_s, budget_tokens
         self._queue: queue.Queue = queue.Queue()
         self._held: Optional[object] = None  # a job taken that did not fit the budget, or _STOP
@@ -139,6 +146,7 @@ class Batcher:
             self._stats["lines"] += len(texts)
             self._stats["batches"] += 1
             self._stats["largest_batch_requests"] = max(self._stats["largest_batch_requests"], len(group))
+        self.metrics.batch(len(group), len(texts))
         start = 0
         for job in group:
             end = start + len(job.texts)
