@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_in_process, reversal_pairs, run_cli, sequences, tagged_model, train_tiny
+from conftest import cli_in_process, concurrently, reversal_pairs, run_cli, sequences, tagged_model, train_tiny
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.translation import open_engine
@@ -100,23 +100,6 @@ def test_prefixes_and_constraints_per_text_answer_like_translate(client, model_d
 def test_concurrent_requests_share_batches_and_never_mix(model_dir):
     with start_app([str(model_dir)], TranslateOptions(**CPU), window_s=0.3) as client:
         check_concurrent_requests(client, model_dir)
-
-
-def concurrently(client, bodies: list[dict]) -> list:
-    """The answers to POST /translate of every body, all sent at once from threads of their own."""
-    answers: list = [None] * len(bodies)
-    start = threading.Barrier(len(bodies))
-
-    def ask(k: int) -> None:
-        start.wait()
-        answers[k] = client.post("/translate", json=bodies[k])
-
-    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(bodies))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return answers
 
 
 def check_concurrent_requests(client, model_dir) -> None:

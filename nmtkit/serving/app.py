@@ -71,8 +71,8 @@ def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits, api_key: 
             target_tag_for(batcher.engine.src_vocab, parsed.decode.get(LANGUAGE_FIELD, ""), LANGUAGE_FIELD)
         except ConfigError as err:
             raise RequestError(400, str(err)) from None
-        admit(batcher.engine, batcher.base, limits, parsed.texts, parsed.decode, parsed.guides)
-        answer = await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides))
+        shape = admit(batcher.engine, batcher.base, limits, parsed.texts, parsed.decode, parsed.guides)
+        answer = await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides, shape))
         metrics.answered(len(parsed.texts), time.monotonic() - started)
         return JSONResponse(answer)
 
@@ -222,7 +222,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
         card = serving_card(model_dirs, options, limits, window_ms)
         sock.listen(2048)  # from here connections wait in the backlog until uvicorn accepts them
         stopping = threading.Event()
-        batcher = Batcher(engine, options, window_ms / 1000, options.batch_tokens, Metrics())
+        batcher = Batcher(engine, options, window_ms / 1000, options.batch_tokens, Metrics(), limits.max_search_bytes)
         app = create_app(batcher, card, limits, api_key, stopping)
         config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on")
         warning = exposure_warning(sock.getsockname()[0], api_key)

@@ -192,6 +192,6 @@ def check_setting(name: str, value: Any, limits: Limits) -> Any:
 
 def shown(number: float) -> str:
     """``number`` for a message, a huge integer by its size (its digits would flood the line)."""
-    if isinstance(number, int) and abs(number) >= 10 ** 18:
-        return f"an integer of about {int(abs(number).bit_length() * 0.30103) + 1} digits"
+    if isinstance(number, int) and abs(number) >= 10 ** 18:  # JSON's integers stay within str()'s digit limit
+        return f"an integer of {len(str(abs(number)))} digits"
     return str(number)
