@@ -250,6 +250,17 @@ def under_attack(args, port: int, plans: list[list[list[str]]], reference: dict[
             "costly_refusal_max_ms": round(1000 * out["refusal_s"], 1), "adversaries_held": held}
 
 
+def server_counts(port: int) -> tuple[dict, dict[str, str]]:
+    """/health's counters, and /metrics's refusals by reason."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    health = request(conn, "GET", "/health")[1]
+    conn.request("GET", "/metrics")
+    rejected = dict(re.findall(r'nmtkit_rejected_requests_total\{reason="(\w+)"\} (\d+)',
+                               conn.getresponse().read().decode()))
+    conn.close()
+    return health, rejected
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="model directory (ctranslate2: an export)")
@@ -279,12 +290,7 @@ def main(argv=None) -> dict:
         leave_early(port, lines[:4])
         served = load(args, port, plans, reference)
         attacked = under_attack(args, port, plans, reference, lines) if args.adversaries else {}
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        health = request(conn, "GET", "/health")[1]
-        conn.request("GET", "/metrics")
-        rejected = dict(re.findall(r'nmtkit_rejected_requests_total\{reason="(\w+)"\} (\d+)',
-                                   conn.getresponse().read().decode()))
-        conn.close()
+        health, rejected = server_counts(port)
         server.send_signal(signal.SIGTERM)
         exit_code = server.wait(120)
     finally:

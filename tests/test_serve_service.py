@@ -130,6 +130,17 @@ def test_requests_join_in_one_call_only_while_their_joint_estimate_fits(model_di
         assert metrics_of(roomy)["nmtkit_batch_requests_count"] == 1
 
 
+def test_a_refusal_raised_while_translating_is_a_400_not_a_500(client, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise ConfigError("line 1 has constraints too costly to search")
+
+    monkeypatch.setattr(Translator, "hypotheses", refuse)
+    failed = metrics_of(client)["nmtkit_failed_requests_total"]
+    answer = client.post("/translate", json={"texts": ["a b"]})
+    assert answer.status_code == 400 and answer.json() == {"error": "line 1 has constraints too costly to search"}
+    assert metrics_of(client)["nmtkit_failed_requests_total"] == failed
+
+
 HUGE = "9" * 5000  # past Python's int-to-string limit of 4,300 digits
 HUGE_BODIES = {
     "beam_size": '{"texts": ["a b"], "beam_size": %s}' % HUGE,

@@ -8,7 +8,7 @@ grows with beam x pieces squared. This module turns the shape of one ``engine.se
 into an upper estimate of its peak bytes, so callers refuse what would not fit instead of
 failing inside the allocator. Pure arithmetic on Python integers (no torch, no overflow);
 the per-element byte counts are upper bounds of what ``search.py`` and ``constraints.py``
-allocate, checked against measured peaks in ``tests/test_search_cost.py``.
+allocate, checked against measured peaks in ``tests/test_search_cost_measured.py``.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 DISTRIBUTION_BYTES = 40
 # per candidate and constraint piece, each step: the candidates' phrase table rows (four long
 # fields and a bool), their met flags, and advance()'s long and bool temporaries
-CONSTRAINT_STATE_BYTES = 64
+CONSTRAINT_STATE_BYTES = 96
 TOKEN_BYTES = 8  # a long piece id: live prefixes, their per-step copy, finished hypotheses
-ATTENTION_BYTES = 32  # per (row, output, source) piece with alignments: history, its copy, finished, new
+ATTENTION_BYTES = 48  # per (row, output, source) piece with alignments: history, its copy, finished, new
 
 
 def estimate_search_bytes(sentences: int, source_pieces: int, output_pieces: int, beam: int, vocab: int,
@@ -44,12 +44,3 @@ def estimate_search_bytes(sentences: int, source_pieces: int, output_pieces: int
         total += rows * vocab * 4  # restrict(): the [rows, V] mask of pieces that still fit
     return total
 
-
-def format_bytes(count: int) -> str:
-    """``count`` bytes in the largest binary unit that keeps a number >= 1 (``1.5 GiB``)."""
-    value, unit = float(count), "bytes"
-    for name in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, name
-    return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"

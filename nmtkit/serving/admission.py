@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from nmtkit.decoding.batching import token_batches
-from nmtkit.decoding.cost import estimate_search_bytes, format_bytes
+from nmtkit.decoding.cost import estimate_search_bytes
 from nmtkit.decoding.guides import Guide, target_ids
 from nmtkit.decoding.translate import Translator
 from nmtkit.serving.requests import Limits, RequestError
@@ -95,3 +95,13 @@ def admit(engine, base, limits: Limits, texts: Sequence[str], decode: dict[str, 
     for shape in shapes:
         whole = whole.joined(shape)
     return whole
+
+
+def format_bytes(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps a number >= 1 (``1.5 GiB``)."""
+    value, unit = float(count), "bytes"
+    for name in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, name
+    return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"

@@ -72,7 +72,10 @@ def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits, api_key: 
         except ConfigError as err:
             raise RequestError(400, str(err)) from None
         shape = admit(batcher.engine, batcher.base, limits, parsed.texts, parsed.decode, parsed.guides)
-        answer = await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides, shape))
+        try:
+            answer = await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides, shape))
+        except NmtkitError as err:  # a refusal from the translator itself: the request's fault, not the server's
+            raise RequestError(400, str(err)) from None
         metrics.answered(len(parsed.texts), time.monotonic() - started)
         return JSONResponse(answer)
 

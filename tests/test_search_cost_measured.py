@@ -5,17 +5,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from nmtkit.decoding.cost import estimate_search_bytes, format_bytes
+import pytest
+
+from nmtkit.decoding.cost import estimate_search_bytes
 
 # each case: (sentences, source pieces, constraint pieces, beam, vocab, output pieces, alignments)
 MEASURE = r'''
-import json, random, resource, sys
+import ctypes, json, random, re, sys
 import torch
 from nmtkit.config import ModelConfig
 from nmtkit.models.build import build_model
 from nmtkit.decoding.search import beam_search
 torch.set_num_threads(1)
+
+
+def resident(field):
+    with open("/proc/self/status") as status:
+        return int(re.search(field + r":\s+(\d+) kB", status.read()).group(1)) * 1024
+
+
 cfg = ModelConfig(d_model=32, ffn_dim=64, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0, max_positions=512)
 peaks = []
 for n, S, W, k, V, L, attn in json.loads(sys.argv[1]):
@@ -25,24 +35,29 @@ for n, S, W, k, V, L, attn in json.loads(sys.argv[1]):
     rng = random.Random(0)
     cons = [[[rng.randrange(4, V) for _ in range(W // 4)] for _ in range(4)] for _ in range(n)] if W else None
     beam_search(net, src[:, :2], mask[:, :2], 2, max_len_a=0, max_len_b=2)  # warm up
-    with open("/proc/self/statm") as statm:
-        before = int(statm.read().split()[1]) * resource.getpagesize()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # memory freed by earlier cases leaves the process
+    except (OSError, AttributeError):  # not glibc: each case then measures what the earlier left free
+        pass
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # the peak resident size (VmHWM) restarts from the current one
+    before = resident("VmRSS")
     beam_search(net, src, mask, k, max_len_a=0, max_len_b=L, min_len=L, need_attn=bool(attn), constraints=cons)
-    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+    peaks.append(resident("VmHWM") - before)
 print(json.dumps(peaks))
 '''
 
 
-def test_estimate_bounds_the_measured_peak_within_a_factor_of_four():
-    # the plain search first: ru_maxrss only rises, so the larger (constrained) peak must come second
-    cases = [(48, 20, 0, 8, 3000, 30, 1), (2, 8, 300, 8, 40, 12, 0)]
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS")
+def test_estimate_bounds_the_measured_peak_within_a_factor_of_three():
+    cases = [(48, 20, 0, 8, 3000, 30, 1), (2, 8, 300, 8, 40, 12, 0), (128, 20, 0, 4, 16000, 30, 0)]
     done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(cases)], capture_output=True, check=True)
     measured = json.loads(done.stdout)
     state = 2 * 4 * 32 * 1  # keys and values of one d-32 decoder layer, float32
     for (n, source, pieces, beam, vocab, output, attn), peak in zip(cases, measured):
         estimate = estimate_search_bytes(n, source, output, beam, vocab, pieces, bool(attn), state)
         assert peak > 10 << 20, measured  # the search, not noise, dominates what was measured
-        assert peak <= estimate <= 4 * peak, (n, pieces, peak, estimate)
+        assert peak <= estimate <= 3 * peak, (n, pieces, peak, estimate)
 
 
 def test_estimate_grows_with_the_square_of_constraint_pieces_and_linearly_in_beam():
@@ -58,6 +73,7 @@ def test_estimate_grows_with_the_square_of_constraint_pieces_and_linearly_in_bea
 
 def test_one_text_inside_every_count_limit_can_need_tens_of_gigabytes():
     """32 phrases of 60 three-piece words under beam 16: what a server's count limits admit."""
+    from nmtkit.serving.admission import format_bytes
     from nmtkit.serving.requests import Limits
 
     needed = estimate_search_bytes(1, 600, 650, 16, 32000, 32 * 60 * 3)
