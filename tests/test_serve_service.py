@@ -141,6 +141,19 @@ def test_a_refusal_raised_while_translating_is_a_400_not_a_500(client, monkeypat
     assert metrics_of(client)["nmtkit_failed_requests_total"] == failed
 
 
+def test_an_allocation_that_fails_anyway_is_a_503_without_a_traceback(client, monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 131084288000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(Translator, "hypotheses", exhausted)
+    answer = client.post("/translate", json={"texts": ["a b"]})
+    assert answer.status_code == 503 and "ran out of memory" in answer.json()["error"]
+    assert metrics_of(client)['nmtkit_rejected_requests_total{reason="out_of_memory"}'] == 1
+    monkeypatch.undo()
+    assert client.post("/translate", json={"texts": ["a b"]}).status_code == 200  # the server goes on
+
+
 HUGE = "9" * 5000  # past Python's int-to-string limit of 4,300 digits
 HUGE_BODIES = {
     "beam_size": '{"texts": ["a b"], "beam_size": %s}' % HUGE,

@@ -76,6 +76,11 @@ def create_app(batcher: Batcher, card: dict[str, Any], limits: Limits, api_key: 
             answer = await asyncio.wrap_future(batcher.submit(parsed.texts, parsed.decode, parsed.guides, shape))
         except NmtkitError as err:  # a refusal from the translator itself: the request's fault, not the server's
             raise RequestError(400, str(err)) from None
+        except (MemoryError, RuntimeError) as err:  # what the estimate did not foresee (other processes' memory)
+            if not out_of_memory(err):
+                raise
+            raise RequestError(503, "the server ran out of memory translating this request; send fewer or shorter "
+                                    "texts, or try again later", "out_of_memory") from None
         metrics.answered(len(parsed.texts), time.monotonic() - started)
         return JSONResponse(answer)
 
@@ -123,6 +128,14 @@ def error_handlers(metrics: Metrics) -> dict:
         return JSONResponse({"error": f"translation failed: {type(err).__name__}: {err}"}, status_code=500)
 
     return {RequestError: refusal, HTTPException: http_error, Exception: failure}
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation that failed: Python's MemoryError, torch's
+    OutOfMemoryError (a device), or the RuntimeError of torch's CPU allocator."""
+    import torch
+
+    return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(err)
 
 
 def cut_short(status: int, message: str, reason: str) -> RequestError:

@@ -29,8 +29,8 @@ GUIDE_FIELDS = ("prefixes", "constraints")  # per text: a target prefix, target 
 LANGUAGE_FIELD = "target_lang"  # a multilingual model: the language of every translation of the request
 MAX_PHRASES = 32  # constraint phrases per text
 # why a request was refused: the label of nmtkit_rejected_requests_total (every one is exported, 0 included)
-REASONS = ("invalid", "body_size", "texts", "text_length", "phrases", "search_memory", "read_timeout",
-           "unauthorized", "shutting_down", "route")
+REASONS = ("invalid", "body_size", "texts", "text_length", "phrases", "search_memory", "out_of_memory",
+           "read_timeout", "unauthorized", "shutting_down", "route")
 
 
 class RequestError(Exception):
