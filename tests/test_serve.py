@@ -426,23 +426,9 @@ def test_missing_http_libraries_are_a_one_line_error(monkeypatch):
         require_http_stack()
 
 
-def test_load_benchmark_runs_small(model_dir, tmp_path):
-    """benchmarks/serve_load.py end to end with 2 clients x 3 requests."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import serve_load
-
-    source = tmp_path / "input.txt"
-    source.write_text("".join(line + "\n" for line in sources(12, 4)), encoding="utf-8")
-    record = serve_load.main(["--model", str(model_dir), "--input", str(source), "--clients", "2", "--requests", "3",
-                              "--max-lines", "3", "--threads", "1", "--out", str(tmp_path / "out")])
-    assert record["ok"] and record["answered"] == 6 and record["wrong"] == 0 and record["malformed_refused"] == "8/8"
-    assert record["p50_ms"] <= record["p99_ms"] and record["lines_s"] > 0
-    assert json.loads((tmp_path / "out" / "serve_load.json").read_text())["records"][0]["ok"] is True
-
-
-def test_load_benchmark_holds_off_slow_uploads_and_over_cost_requests(model_dir, tmp_path):
-    """benchmarks/serve_load.py's second pass: honest clients beside one slow uploader and one
-    over-cost client; the uploader is cut with 408, every over-cost request refused with 413."""
+def test_load_benchmark_runs_small_and_holds_off_slow_uploads_and_over_cost_requests(model_dir, tmp_path):
+    """benchmarks/serve_load.py end to end with 2 clients x 3 requests, twice: the second time
+    beside one slow uploader (cut with 408) and one over-cost client (every request a 413)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import serve_load
 
@@ -451,7 +437,10 @@ def test_load_benchmark_holds_off_slow_uploads_and_over_cost_requests(model_dir,
     record = serve_load.main(["--model", str(model_dir), "--input", str(source), "--clients", "2", "--requests", "3",
                               "--max-lines", "3", "--threads", "1", "--out", str(tmp_path / "out"),
                               "--adversaries", "1", "--read-timeout", "1", "--drip-s", "0.2"])
-    assert record["ok"] and record["adversaries_held"] and record["attacked_answered"] == 6
+    assert record["ok"] and record["answered"] == 6 and record["wrong"] == 0 and record["malformed_refused"] == "8/8"
+    assert record["p50_ms"] <= record["p99_ms"] and record["lines_s"] > 0
+    assert json.loads((tmp_path / "out" / "serve_load.json").read_text())["records"][0]["ok"] is True
+    assert record["adversaries_held"] and record["attacked_answered"] == 6 and record["attacked_wrong"] == 0
     assert record["slow_uploads_cut"] >= 1 and record["slow_uploads_not_cut"] == 0
     assert record["costly_refused"] >= 1 and record["costly_not_refused"] == 0
     assert record["rejected"]["search_memory"] == record["costly_refused"]

@@ -11,11 +11,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import concurrently, reversal_pairs, train_tiny
+from conftest import cli_in_process, concurrently, reversal_pairs, train_tiny
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.errors import ConfigError
@@ -301,13 +303,10 @@ def test_stalled_uploads_time_out_and_never_hold_up_shutdown(model_dir):
         server.kill()
 
 
-def test_a_key_from_the_environment_and_the_warning_beyond_loopback(model_dir):
+def test_a_key_from_the_environment_and_the_warning_beyond_loopback(model_dir, monkeypatch, capsys):
     server, port, said = start_server(model_dir, "--host", "0.0.0.0", env={"NMTKIT_API_KEY": "env-key"})
     try:
         assert not any("without an API key" in line for line in said)
-        import urllib.error
-        import urllib.request
-
         request = urllib.request.Request(f"http://127.0.0.1:{port}/health")
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
@@ -318,7 +317,10 @@ def test_a_key_from_the_environment_and_the_warning_beyond_loopback(model_dir):
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
-    server, _, said = start_server(model_dir, "--host", "0.0.0.0")
-    server.send_signal(signal.SIGTERM)
-    server.wait(30)
-    assert any("listening on 0.0.0.0, beyond this machine, without an API key" in line for line in said)
+    import nmtkit.serving.app
+
+    monkeypatch.setattr(nmtkit.serving.app, "run_until_stopped", lambda server, sock: None)  # return once listening
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(model_dir), "--host", "0.0.0.0", "--port", "0")
+    assert code == 0 and "warning: listening on 0.0.0.0, beyond this machine, without an API key" in err
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(model_dir), "--port", "0")
+    assert code == 0 and "warning" not in err
