@@ -176,7 +176,7 @@ def slow_upload(port: int, drip_s: float, stop: threading.Event, out: dict) -> N
 def costly_body(lines: list[str]) -> bytes:
     """A request inside every default count limit whose search would need tens of gigabytes."""
     words = " ".join(lines).split() or ["a"]
-    phrase = " ".join(words[i % len(words)] for i in range(60))
+    phrase = " ".join(words[i % len(words)] for i in range(60))[:2000].strip()  # within --max-line-chars
     return json.dumps({"texts": [" ".join(words * 2000)[:2000]], "constraints": [[phrase] * 32],
                        "beam_size": 16}).encode()
 

@@ -284,11 +284,15 @@ def answer_of(sock: socket.socket, timeout: float) -> bytes:
 def test_stalled_uploads_time_out_and_never_hold_up_shutdown(model_dir):
     server, port, _ = start_server(model_dir, "--read-timeout", "2")
     try:
+        idle = socket.create_connection(("127.0.0.1", port))  # connects and never sends a byte
+        opened = time.monotonic()
         with half_upload(port) as half:
             started = time.monotonic()
             reply = answer_of(half, 20)
             assert reply.startswith(b"HTTP/1.1 408 ") and b"--read-timeout" in reply
             assert 1.5 < time.monotonic() - started < 10  # answered, and the connection closed
+        assert answer_of(idle, 20) == b"" and time.monotonic() - opened < 15  # closed after the keep-alive timeout
+        idle.close()
         stalled, silent = half_upload(port), socket.create_connection(("127.0.0.1", port))
         time.sleep(0.5)
         started = time.monotonic()

@@ -240,7 +240,8 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
         stopping = threading.Event()
         batcher = Batcher(engine, options, window_ms / 1000, options.batch_tokens, Metrics(), limits.max_search_bytes)
         app = create_app(batcher, card, limits, api_key, stopping)
-        config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on")
+        config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on",
+                                http=idle_closing())
         warning = exposure_warning(sock.getsockname()[0], api_key)
         if warning:
             console.warn(warning)
@@ -250,6 +251,24 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
         run_until_stopped(stopping_server(config, stopping), sock)
     finally:
         sock.close()
+
+
+def idle_closing():
+    """uvicorn's HTTP protocol, except that a connection which sends nothing is closed after
+    uvicorn's keep-alive timeout, as a connection idle between requests already is (uvicorn
+    starts that timer only after a first answer, so a silent client held its connection)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    if not hasattr(AutoHTTPProtocol, "timeout_keep_alive_handler"):
+        return AutoHTTPProtocol
+
+    class Protocol(AutoHTTPProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            # cancelled by the protocol as soon as any byte arrives, like the timer between requests
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    return Protocol
 
 
 def stopping_server(config, stopping: threading.Event):
