@@ -34,7 +34,8 @@ REASONS = ("invalid", "body_size", "texts", "text_length", "phrases", "search_me
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (4xx) and a one-line message."""
+    """A request the server refuses: ``status`` (4xx; 503 when it is stopping or out of memory), a
+    one-line message, the ``reason`` /metrics counts it under, and any ``headers`` to answer with."""
 
     def __init__(self, status: int, message: str, reason: str = "invalid",
                  headers: Optional[dict[str, str]] = None) -> None:
