@@ -209,11 +209,18 @@ def serve(
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
     max_line_chars: int = typer.Option(_LIMITS.max_line_chars, "--max-line-chars", help="Longest text in characters (413 above)."),
     max_beam: int = typer.Option(_LIMITS.max_beam, "--max-beam", help="Largest beam_size and nbest a request may ask for."),
+    max_search_bytes: int = typer.Option(_LIMITS.max_search_bytes, "--max-search-bytes",
+                                         help="Largest estimated memory of one search call a request may need (413 above)."),
+    read_timeout: float = typer.Option(_LIMITS.read_timeout_s, "--read-timeout",
+                                       help="Seconds a request body may take to arrive after its headers (408 after)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="NMTKIT_API_KEY", show_default=False,
+                                          help="Answer only requests that carry this key ('Authorization: Bearer KEY' "
+                                               "or 'X-API-Key: KEY'); others get 401."),
     target_lang: str = typer.Option(opts.DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
                                     help="A multilingual model: the language to translate into when a request "
                                          "gives no target_lang (as translate --target-lang)."),
 ) -> None:
-    """Serve translations over HTTP: POST /translate, GET /health, GET /info (needs the serve extra).
+    """Serve translations over HTTP: POST /translate, GET /health, /info, /metrics (needs the serve extra).
     A request's decode settings default to these flags, else to the model's saved ones, as in translate."""
     from nmtkit.serving import require_http_stack
 
@@ -222,12 +229,12 @@ def serve(
     from nmtkit.translation import resolve_options
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
-                    max_beam=max_beam)
+                    max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout)
     flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
                  batch_tokens=batch_tokens)
     options = resolve_options(model, flags, engine=engine, device=device, dtype=dtype, target_lang=target_lang)
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
-               verbose=_state["verbosity"] > 0)
+               verbose=_state["verbosity"] > 0, api_key=api_key)
 
 
 @app.command(cls=_Command)

@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,20 @@ def cli_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         main()
     captured = capsys.readouterr()
     return stopped.value.code or 0, captured.out, captured.err
+
+
+def concurrently(client, bodies: list[dict]) -> list:
+    """The answers to POST /translate of every body, all sent at once from threads of their own."""
+    answers: list = [None] * len(bodies)
+    start = threading.Barrier(len(bodies))
+
+    def ask(k: int) -> None:
+        start.wait()
+        answers[k] = client.post("/translate", json=bodies[k])
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
