@@ -122,3 +122,33 @@ def test_a_recipe_naming_comet_needs_its_model(tmp_path):
         load_config(None, [*overrides, f"eval.comet_model={tmp_path}"])
     cfg = load_config(None, [*overrides, "eval.metrics=chrf++,comet", f"eval.comet_model={tmp_path}"])
     assert cfg.eval.metric_names() == ["bleu", "chrf++", "comet"]
+
+
+@pytest.mark.skipif(not HAS_COMET, reason="unbabel-comet is not installed (optional extra nmtkit[comet])")
+def test_run_scores_dev_and_test_with_comet_from_the_recipe(tmp_path):
+    from comet import load_from_checkpoint
+    from conftest import reversal_pairs, tiny_recipe
+
+    from nmtkit.config import from_dict
+    from nmtkit.console import get_console
+    from nmtkit.pipeline import run_recipe
+
+    model_dir = build_tiny_comet(tmp_path / "comet")
+    files = {}
+    for split, pairs in (("train", reversal_pairs(200, 0, length=5)), ("dev", reversal_pairs(6, 1, length=5)),
+                         ("test", reversal_pairs(6, 2, length=5))):
+        files[split] = {lang: write(tmp_path / f"{split}.{lang}", [pair[side] for pair in pairs])
+                        for lang, side in (("src", 0), ("tgt", 1))}
+    recipe = tiny_recipe(tmp_path / "work", data={"files": files}, train={"max_steps": 4, "save_every": 4,
+                                                                          "validate_every": 4, "average_last": 1},
+                         eval={"metrics": "bleu,comet", "comet_model": str(model_dir), "comet_batch_size": 4})
+    results = run_recipe(from_dict(recipe), get_console(-1))
+    scorer = load_from_checkpoint(str(model_dir / "checkpoints" / "model.ckpt"), local_files_only=True)
+    for split in ("dev", "test"):
+        hyps = (tmp_path / "work" / "results" / f"{split}.hyp").read_text().splitlines()
+        sources = (tmp_path / f"{split}.src").read_text().splitlines()
+        refs = (tmp_path / f"{split}.tgt").read_text().splitlines()
+        expected = scorer.predict([{"src": s, "mt": h, "ref": r} for s, h, r in zip(sources, hyps, refs)],
+                                  batch_size=4, gpus=0, progress_bar=False)
+        assert results["splits"][split]["comet"]["score"] == pytest.approx(round(expected.system_score, 4), abs=1e-4)
+    assert "| split | sentences | BLEU | COMET |" in (tmp_path / "work" / "results" / "results.md").read_text()

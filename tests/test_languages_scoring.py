@@ -236,3 +236,23 @@ def _importable(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_sweep_tables_add_chrf_plus_plus_and_comet_columns_only_when_scored():
+    from nmtkit.sweep.results import COLUMNS, results_markdown
+
+    def table(extra: dict) -> list[str]:
+        row = {"name": "a", "status": "done", "settings": [], **dict.fromkeys(key for key, _, _ in COLUMNS),
+               "test_bleu": 30.0, "test_chrf": 55.0, "test_ter": 60.0, **extra}
+        results = {"sweep": "s", "sweep_file": "s.yaml", "recipe": "r.yaml", "overrides": [], "baseline": "a",
+                   "significance": {"test": "paired bootstrap", "resamples": 1000, "seed": 1}, "variants": [row]}
+        text = results_markdown(results).splitlines()
+        header = next(line for line in text if line.startswith("| variant"))
+        values = text[text.index(header) + 2]
+        return [cell.strip() for cell in header.split("|")[1:-1]], [cell.strip() for cell in values.split("|")[1:-1]]
+
+    header, _ = table({})
+    assert header[1:5] == ["test BLEU", "p", "chrF", "TER"] and "chrF++" not in header and "COMET" not in header
+    header, values = table({"test_chrf++": 57.25, "test_comet": 0.81234})
+    assert header[1:7] == ["test BLEU", "p", "chrF", "TER", "chrF++", "COMET"]
+    assert values[5:7] == ["57.25", "0.8123"]
