@@ -242,7 +242,22 @@ def score(
     ref: List[Path] = typer.Option(..., "-r", "--ref", help="Reference file (repeat for several references)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Hypotheses (default: stdin)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A second system's hypotheses: paired significance test."),
-    metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, ter."),
+    metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, chrf++ (word "
+                                "bigrams too), ter, comet (needs --comet-model and --source)."),
+    tokenize: Optional[str] = typer.Option(None, "--tokenize", "-tok", show_default=False,
+                                           help="BLEU's tokenizer (sacreBLEU's -tok): 13a, intl, zh, ja-mecab, "
+                                           "ko-mecab, char, flores101, flores200, spBLEU-1K, none (default: from "
+                                           "--target-lang, else 13a)."),
+    target_lang: Optional[str] = typer.Option(None, "--target-lang", "-l", show_default=False,
+                                              help="Language of the references (zh, ja, ko, ...): chooses the "
+                                              "tokenizer when --tokenize is not given."),
+    segments: Optional[Path] = typer.Option(None, "--segments", show_default=False,
+                                            help="Also write each line's scores to FILE as JSON lines."),
+    source: Optional[Path] = typer.Option(None, "-s", "--source", show_default=False,
+                                          help="The source sentences (COMET reads them)."),
+    comet_model: Optional[str] = typer.Option(None, "--comet-model", show_default=False,
+                                              help="A local COMET model directory (DIR/checkpoints/model.ckpt)."),
+    comet_batch_size: int = typer.Option(16, "--comet-batch-size", help="Sentences per COMET batch."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     tokenized_bleu: bool = typer.Option(False, "--tokenized-bleu", help="Also report paper-style tokenized, compound-split BLEU (not comparable to sacreBLEU)."),
     test: Optional[str] = typer.Option(None, "--test", show_default=False, help="Significance test with --baseline: "
@@ -255,13 +270,15 @@ def score(
                                           help="Significance level with --baseline (default 0.05): a system is named better "
                                           "only when p < alpha; intervals are (1 - alpha) confidence intervals."),
 ) -> None:
-    """Score hypotheses against references with sacreBLEU (BLEU, chrF, TER)."""
-    from nmtkit.scoring.report import score_command
+    """Score hypotheses against references with sacreBLEU (BLEU, chrF, chrF++, TER) and COMET."""
+    from nmtkit.scoring.report import ScoreOptions, score_command
 
+    options = ScoreOptions(metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()), tokenize=tokenize or "",
+                           target_lang=target_lang or "", lowercase=lowercase, comet_model=comet_model or "",
+                           comet_batch_size=comet_batch_size)
     score_command(
-        refs=ref, hyp=input, baseline=baseline, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
-        as_json=json_out, tokenized_bleu=tokenized_bleu, test=test, resamples=resamples, lowercase=lowercase,
-        console=_console(), alpha=alpha,
+        refs=ref, hyp=input, baseline=baseline, options=options, as_json=json_out, tokenized_bleu=tokenized_bleu,
+        test=test, resamples=resamples, console=_console(), alpha=alpha, sources=source, segments=segments,
     )
 
 

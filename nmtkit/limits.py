@@ -93,6 +93,7 @@ RANGES: dict[str, Bound] = {
     # outputs are buffered as [sentences, beam, limit] ids: a limit past 10k pieces only allocates
     "decode.max_len_a": Bound(0, 100), "decode.max_len_b": Bound(0, 10_000), "decode.min_len": Bound(0, 10_000),
     "decode.batch_tokens": Bound(1, 10**9),
+    "eval.comet_batch_size": Bound(1, 100_000),
     # translate options without a recipe key
     "translate.nbest": Bound(1, 1000), "translate.topk": Bound(0, 1_000_000),
     "translate.topp": Bound(0, 1, low_open=True),

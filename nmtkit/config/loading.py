@@ -15,13 +15,20 @@ from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import plain_copy, safe_yaml
 
 
+def _shown_choice(choice: Any) -> str:
+    """A Literal choice as a recipe writes it: true/false, "" for the empty string."""
+    if isinstance(choice, bool):
+        return str(choice).lower()
+    return '""' if choice == "" else str(choice)
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check/convert ``value`` to the field type, or raise a ConfigError naming ``key``."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
         choices = typing.get_args(annotation)
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(_shown_choice, choices))}")
         return value
     if annotation is bool:
         if isinstance(value, bool):

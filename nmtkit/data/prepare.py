@@ -210,12 +210,23 @@ def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     else:
         settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
                                                          "input_sentence_size")}
+        settings.update(_spm_options(vocab, changed_only=True))
         train = {name: fetch["files"][name]["sha256"] for name in _fetched_train(cfg.data)}
         capped = _byte_capped_samples(cfg, fetch, out)
         if capped:  # recorded only where the byte cap binds, so stamps of smaller corpora stay as they were
             settings["sample_lines"] = capped
         inputs = {"format": FORMAT, "vocab": settings, "train": train}
     return {**inputs, "tags": cfg.data.tags} if cfg.data.tags else inputs  # reserved pieces of the source model
+
+
+def _spm_options(vocab, changed_only: bool = False) -> dict:
+    """SentencePiece's byte_fallback, normalization and split_digits as the recipe resolves them;
+    ``changed_only``: only those that differ from what SentencePiece did before nmtkit had the keys,
+    so the stamps of a directory prepared then still match (its spm step is not redone)."""
+    options = {"byte_fallback": vocab.uses_byte_fallback(), "normalization": vocab.normalization,
+               "split_digits": vocab.split_digits}
+    before = {"byte_fallback": False, "normalization": "nmt_nfkc", "split_digits": False}
+    return {key: value for key, value in options.items() if not changed_only or value != before[key]}
 
 
 def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
@@ -226,7 +237,8 @@ def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, lis
             path.unlink(missing_ok=True)
     models = _reuse_vocab(cfg, out) if vocab.from_ else _train_vocab(cfg, out, fetch, console)
     report = {"type": vocab.type, "joint": vocab.joint,
-              "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models}}
+              "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models},
+              "byte_fallback": all(Vocab(out / name).byte_fallback for name in models)}
     if vocab.from_:
         report["from"] = str(Path(vocab.from_).expanduser().resolve())
     return report, [file for name in models for file in (name, str(Path(name).with_suffix(".vocab")))
@@ -247,7 +259,8 @@ def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
         large = min(total, lines or total) >= Encoder.MIN_PARALLEL_LINES
         with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
             train_spm(sample, out / name, vocab.size, vocab.type, vocab.character_coverage,
-                      lines, reserved=data.tags if name == src_name else (), in_subprocess=large)
+                      lines, reserved=data.tags if name == src_name else (), in_subprocess=large,
+                      **_spm_options(vocab))
     return list(jobs)
 
 
@@ -360,6 +373,7 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
         "vocab": {"type": spm["type"], "joint": spm["joint"],
                   "size": {"src": spm["models"][src_name]["size"], "tgt": spm["models"][tgt_name]["size"]},
                   "models": {name: info["sha256"] for name, info in spm["models"].items()},
+                  **({"byte_fallback": spm["byte_fallback"]} if "byte_fallback" in spm else {}),
                   **({"from": spm["from"]} if "from" in spm else {})},
         "tokens": encoded["tokens"],
         "settings": prepared_settings(cfg),  # what `train` checks its recipe against

@@ -25,7 +25,7 @@ import numpy as np
 
 from nmtkit.errors import ConfigError
 from nmtkit.limits import check_range
-from nmtkit.scoring.metrics import LOWER_IS_BETTER, METRICS, check_line_counts, make_metric
+from nmtkit.scoring.metrics import DEFAULT_METRICS, LOWER_IS_BETTER, check_line_counts, make_metric
 
 TESTS = ("bootstrap", "ar")
 DEFAULT_SEED = 12345
@@ -146,41 +146,70 @@ def paired_test(
     hyps: Sequence[str],
     baseline_hyps: Sequence[str],
     refs: Sequence[Sequence[str]],
-    metrics: Sequence[str] = METRICS,
+    metrics: Sequence[str] = DEFAULT_METRICS,
     test: str = "bootstrap",
     resamples: int = 1000,
     seed: int = DEFAULT_SEED,
     lowercase: bool = False,
     alpha: float = DEFAULT_ALPHA,
+    tokenize: str = "13a",
 ) -> dict[str, PairedResult]:
-    """Compare a system with a baseline on every metric; ``resamples`` bootstrap draws for the
-    intervals (and the p-value when test="bootstrap"), as many shuffles when test="ar"."""
+    """Compare a system with a baseline on every sacreBLEU metric; ``resamples`` bootstrap draws for
+    the intervals (and the p-value when test="bootstrap"), as many shuffles when test="ar"."""
     check_test_options(test, resamples, alpha)
     named_refs = [(f"reference {k}", ref) for k, ref in enumerate(refs, 1)]
     check_line_counts("system", hyps, named_refs)
     check_line_counts("baseline", baseline_hyps, named_refs)
-
-    bootstrap_seed, shuffle_seed = np.random.SeedSequence(seed).spawn(2)
     results = {}
     for name in metrics:
-        metric = make_metric(name, lowercase)
+        metric = make_metric(name, lowercase, tokenize)
         system, sys_stats = score_with_stats(metric, hyps, refs)
         baseline, base_stats = score_with_stats(metric, baseline_hyps, refs)
-        observed = system.score - baseline.score
-
-        # A fresh generator per metric: every metric sees the same draws, whatever else is asked for.
-        sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
-                               bootstrap_totals([sys_stats, base_stats], resamples,
-                                                np.random.default_rng(bootstrap_seed)))
-        if test == "bootstrap":
-            p_value = bootstrap_p_value(sys_boot - base_boot, observed)
-        else:
-            first, second = randomised_totals(sys_stats, base_stats, resamples, np.random.default_rng(shuffle_seed))
-            p_value = randomisation_p_value(scores_from_totals(metric, first) - scores_from_totals(metric, second),
-                                            observed)
-        results[name] = PairedResult(metric=name, name=system.name, system=float(system.score),
-                                     baseline=float(baseline.score), p_value=p_value,
-                                     system_ci=_interval(sys_boot, alpha), baseline_ci=_interval(base_boot, alpha),
-                                     alpha=alpha)
+        results[name] = _compare(name, system.name, metric, (system.score, sys_stats), (baseline.score, base_stats),
+                                 test, resamples, seed, alpha)
     return results
 
+
+class MeanOfSegments:
+    """A metric whose corpus score is the mean of its segment scores (COMET), behind the same
+    statistics hooks as sacreBLEU's: a sentence's statistics are (its score, 1), so a resampled
+    corpus is rescored as sum / count."""
+
+    @staticmethod
+    def _compute_score_from_stats(totals: Sequence[float]) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(score=totals[0] / totals[1])
+
+
+def paired_segment_test(name: str, system: Sequence[float], baseline: Sequence[float], test: str = "bootstrap",
+                        resamples: int = 1000, seed: int = DEFAULT_SEED, alpha: float = DEFAULT_ALPHA,
+                        metric: str = "comet") -> PairedResult:
+    """``paired_test`` for a metric given as segment scores whose corpus score is their mean."""
+    check_test_options(test, resamples, alpha)
+    if len(system) != len(baseline) or not system:
+        raise ConfigError(f"{name}: system and baseline need the same, non-zero number of segment scores")
+    sys_stats, base_stats = (np.stack([np.asarray(scores, dtype=np.float64), np.ones(len(scores))], axis=1)
+                             for scores in (system, baseline))  # [N, 2]: (score, 1)
+    return _compare(metric, name, MeanOfSegments(), (float(np.mean(system)), sys_stats),
+                    (float(np.mean(baseline)), base_stats), test, resamples, seed, alpha)
+
+
+def _compare(metric_key: str, name: str, metric: Any, system: tuple[float, np.ndarray],
+             baseline: tuple[float, np.ndarray], test: str, resamples: int, seed: int, alpha: float) -> PairedResult:
+    """One metric's p-value and intervals from the two systems' (score, statistics [N, K])."""
+    (sys_score, sys_stats), (base_score, base_stats) = system, baseline
+    observed = sys_score - base_score
+    # A fresh generator per metric: every metric sees the same draws, whatever else is asked for.
+    bootstrap_seed, shuffle_seed = np.random.SeedSequence(seed).spawn(2)
+    sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
+                           bootstrap_totals([sys_stats, base_stats], resamples, np.random.default_rng(bootstrap_seed)))
+    if test == "bootstrap":
+        p_value = bootstrap_p_value(sys_boot - base_boot, observed)
+    else:
+        first, second = randomised_totals(sys_stats, base_stats, resamples, np.random.default_rng(shuffle_seed))
+        p_value = randomisation_p_value(scores_from_totals(metric, first) - scores_from_totals(metric, second),
+                                        observed)
+    return PairedResult(metric=metric_key, name=name, system=float(sys_score), baseline=float(base_score),
+                        p_value=p_value, system_ci=_interval(sys_boot, alpha), baseline_ci=_interval(base_boot, alpha),
+                        alpha=alpha)

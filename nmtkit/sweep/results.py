@@ -26,6 +26,9 @@ COLUMNS = (("test_bleu", "test BLEU", ".2f"), ("p_value", "p", ".3f"), ("test_ch
            ("parameters", "params", ","), ("active_parameters", "active", ","), ("train_tok_s", "train tok/s", ",.0f"),
            ("train_minutes", "train min", ".1f"), ("decode_sent_s", "decode sent/s", ".1f"),
            ("peak_rss_mib", "peak RSS MiB", ",.0f"))
+# columns only a recipe's eval.metrics adds: shown when some variant has them
+OPTIONAL_COLUMNS = (("test_chrf++", "chrF++", ".2f"), ("test_comet", "COMET", ".4f"))
+OPTIONAL_METRICS = ("chrf", "chrf++", "ter", "comet")  # results.json holds those eval.metrics named
 
 
 def write_results(sweep: Sweep, counts: dict[str, dict]) -> dict:
@@ -57,8 +60,8 @@ def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
         return row
     results = read_results(directory)  # sound: the status is done
     test, dev = results["splits"]["test"], results["splits"]["dev"]
-    row.update(test_bleu=test["bleu"]["score"], test_chrf=test["chrf"]["score"], test_ter=test["ter"]["score"],
-               dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
+    row.update({f"test_{metric}": test[metric]["score"] for metric in OPTIONAL_METRICS if metric in test})
+    row.update(test_bleu=test["bleu"]["score"], dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
                decode_sent_s=round(test["sentences"] / test["translate_seconds"], 1) if test["translate_seconds"] else None,
                peak_rss_mib=record.get("peak_rss_mib"), bleu_signature=test["bleu"]["signature"])
     row.update(_training_figures(WorkDir(directory).run.path))
@@ -88,7 +91,7 @@ def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
     base_row, base_dir = rows[0], sweep.variant_dir(sweep.baseline.name)
     if base_row["status"] != "done":
         return
-    tgt = sweep.baseline.config.data.tgt_lang
+    tgt, evaluation = sweep.baseline.config.data.tgt_lang, sweep.baseline.config.eval  # scored as `run` scored it
     refs = read_lines(WorkDir(base_dir).text("test", tgt))
     base_hyps = read_lines(WorkDir(base_dir).results / "test.hyp")
     for row, variant in zip(rows[1:], sweep.variants[1:]):
@@ -99,7 +102,8 @@ def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
             row["p_value_note"] = "other test references than the baseline's: no p-value"
             continue
         result = paired_test(read_lines(WorkDir(directory).results / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
-                             test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED)
+                             test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED, lowercase=evaluation.lowercase,
+                             tokenize=evaluation.tokenizer(tgt))
         row["p_value"] = round(result["bleu"].p_value, 4)
 
 
@@ -107,8 +111,15 @@ def _cell(value: Any, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def _columns(rows: list[dict]) -> tuple:
+    """COLUMNS, with chrF++ and COMET after TER when some variant was scored with them."""
+    extra = tuple(column for column in OPTIONAL_COLUMNS if any(row.get(column[0]) is not None for row in rows))
+    return COLUMNS[:4] + extra + COLUMNS[4:]
+
+
 def results_markdown(results: dict) -> str:
-    headers = ["variant", *(header for _, header, _ in COLUMNS), "settings"]
+    columns = _columns(results["variants"])
+    headers = ["variant", *(header for _, header, _ in columns), "settings"]
     lines = [f"# Sweep {results['sweep']}", "",
              f"Base recipe `{results['recipe']}`" + (f" with `{' '.join(results['overrides'])}`"
                                                     if results["overrides"] else "") +
@@ -116,7 +127,7 @@ def results_markdown(results: dict) -> str:
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in results["variants"]:
         name = row["name"] if row["status"] == "done" else f"{row['name']} ({row['status']})"
-        cells = [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
+        cells = [_cell(row.get(key), fmt) for key, _, fmt in columns]
         settings = " ".join(f"`{item}`" for item in row["settings"]) or "(the recipe)"
         lines.append("| " + " | ".join([name, *cells, settings]) + " |")
     done = [row for row in results["variants"] if row["status"] == "done" and row.get("dev_bleu") is not None]

@@ -102,7 +102,8 @@ def my_share(group: list, update_freq: int) -> list:
 def seed_micro_batch(seed: int, step: int, index: int, device: torch.device) -> None:
     """Seed dropout from (seed, update, index of the micro-batch within the update), so it
     does not depend on which process runs the micro-batch or on what ran before."""
-    value = int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0] >> 1)
+    # shifted as a Python int: numpy 1.x refuses uint64 >> int (same value under numpy 2)
+    value = int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0]) >> 1
     torch.random.default_generator.manual_seed(value)
     if device.type == "cuda":
         torch.cuda.manual_seed(value)  # this process's GPU only
