@@ -274,11 +274,16 @@ def sweep(
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this variant (repeat for several).",
                                              show_default=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the variants with their parameter counts; run nothing."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="<1,2,3>", show_default=False,
+                                        help="Run every variant once per training seed (replaces the file's seeds)."),
+    splits: Optional[int] = typer.Option(None, "--splits", metavar="<K>", show_default=False,
+                                         help="... and once per data split 0..K-1 (data.split_seed; 0 is the "
+                                              "recipe's own split; replaces the file's splits)."),
 ) -> None:
     """Run every variant of a recipe (each as `nmtkit run`) and tabulate them with significance tests."""
-    from nmtkit.sweep.spec import load_sweep
+    from nmtkit.sweep.spec import load_sweep, parse_seeds
 
-    plan = load_sweep(sweep_file)
+    plan = load_sweep(sweep_file, parse_seeds(seeds) if seeds is not None else None, splits)
     from nmtkit.sweep.runner import run_sweep
 
     run_sweep(plan, _console(), only=only, dry_run=dry_run, debug=_state["debug"])

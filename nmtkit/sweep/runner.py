@@ -123,7 +123,7 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
 
 # train settings that say how long, how often, where or how fast: a run resumed with new values is
 # the run the new settings describe (max_steps too, unless the schedule decays towards it)
-_RESUMABLE = {"max_steps", "max_epochs", "threads", "log_every", "validate_every", "save_every", "keep_last",
+_RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "max_flops", "threads", "log_every", "validate_every", "save_every", "keep_last",
               "tensorboard", "average_last", "dev_bleu_beam", "dev_bleu_max_sentences", "patience", "best_metric",
               "device", "dtype", "compile"}
 
@@ -233,7 +233,9 @@ def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
     plan = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
             "overrides": list(sweep.shared_overrides),
             "variants": [{"name": v.name, "recipe": str(v.recipe), "overrides": list(v.overrides), "data_key": v.data_key,
-                          "config_key": v.config_key, "parameters": counts[v.name]} for v in sweep.variants]}
+                          "config_key": v.config_key, "parameters": counts[v.name],
+                          **({"group": v.group, "seed": v.seed, "split": v.split} if v.group else {})}
+                         for v in sweep.variants]}
     text = json.dumps(plan, indent=1, ensure_ascii=False) + "\n"
     path = sweep.workdir / "sweep.json"
     if not path.is_file() or path.read_bytes() != text.encode("utf-8"):  # damaged or stale: rewritten
