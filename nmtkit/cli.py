@@ -342,12 +342,18 @@ def plot(
     x: str = typer.Option("step", "--x", help="x axis: step (updates) or time (training wall time)."),
     size: str = typer.Option("1200x800", "--size", help="Image size in pixels, WIDTHxHEIGHT."),
 ) -> None:
-    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs."""
-    from nmtkit.sweep.spec import sweep_runs
+    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs (a sweep over seeds
+    and splits: each variant's mean with error bars of one standard deviation, and its test BLEU)."""
+    from nmtkit.sweep.spec import sweep_groups, sweep_runs
     from nmtkit.viz.curves import plot_curves
     from nmtkit.viz.figure import parse_size
 
     labels = None
+    if len(run_dirs) == 1 and (groups := sweep_groups(run_dirs[0])) is not None:
+        from nmtkit.viz.spread import plot_spread
+
+        _console().info(f"wrote {plot_spread(groups, output, x=x, size=parse_size(size))}")
+        return
     if len(run_dirs) == 1 and (runs := sweep_runs(run_dirs[0])) is not None:
         labels, run_dirs = [name for name, _ in runs], [path for _, path in runs]
     _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size), labels=labels)}")

@@ -372,6 +372,29 @@ def _placement(sweep_name: str, workdir: Path, name: str) -> list[str]:
     return [f"name={_text(f'{sweep_name}-{name}')}", f"workdir={_text(str(variant_dir(workdir, name)))}"]
 
 
+def sweep_groups(directory: str | Path) -> list[tuple[str, list[Path], list[float]]] | None:
+    """(variant, its runs' training directories, their test BLEU scores) of a replicated sweep
+    directory, in sweep order, from sweep.json and each run's results; None when ``directory``
+    is not a replicated sweep."""
+    from nmtkit.files import read_json_dict
+
+    plan = read_json_dict(Path(directory) / "sweep.json") or {}
+    entries = plan.get("variants") if isinstance(plan.get("variants"), list) else []
+    if not entries or not all(isinstance(e, dict) and isinstance(e.get("group"), str) for e in entries):
+        return None
+    runs = dict(sweep_runs(directory))  # checks the names; only runs that trained
+    groups: dict[str, tuple[list[Path], list[float]]] = {}
+    for entry in entries:
+        if entry["name"] in runs:
+            paths, bleus = groups.setdefault(entry["group"], ([], []))
+            paths.append(runs[entry["name"]])
+            results = read_json_dict(WorkDir(variant_dir(Path(directory), entry["name"])).results / "results.json")
+            bleu = ((((results or {}).get("splits") or {}).get("test") or {}).get("bleu") or {}).get("score")
+            if isinstance(bleu, (int, float)):
+                bleus.append(float(bleu))
+    return [(name, paths, bleus) for name, (paths, bleus) in groups.items()]
+
+
 def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
     """(variant name, training run dir) of a sweep directory's variants that have started
     training, in sweep order; None when ``directory`` is not a sweep directory."""
