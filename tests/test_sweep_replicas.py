@@ -149,7 +149,8 @@ def test_dry_run_and_command_line_seeds_and_splits(tmp_path):
     result = sweep_cli(sweep, "--dry-run", "--seeds", "3,4,5", "--splits", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout + result.stderr
-    assert "12 variants" in out and "2 prepare(s)" in out and "fast,seed=5,split=1" in out
+    assert "2 variants x 3 seed(s) x 2 split(s) = 12 runs" in out and "2 prepare(s)" in out
+    assert "fast,seed=5,split=1" in out
     bad = sweep_cli(sweep, "--dry-run", "--seeds", "1,x")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--seeds 1,x" in bad.stderr
     bad = sweep_cli(sweep, "--dry-run", "--splits", "0")

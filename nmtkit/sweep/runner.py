@@ -250,7 +250,9 @@ def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list
     for variant in sweep.variants:
         groups.setdefault(variant.data_key, len(groups) + 1)
     shared = " ".join(sweep.shared_overrides) or "none"
-    console.print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.recipe} (shared overrides: {shared}), "
+    counted = (f"{len(sweep.groups)} variants x {len(sweep.seeds) or 1} seed(s) x {sweep.splits} split(s) = "
+               f"{len(sweep.variants)} runs" if sweep.replicated else f"{len(sweep.variants)} variants")
+    console.print(f"sweep {sweep.name}: {counted} of {sweep.recipe} (shared overrides: {shared}), "
                   f"{len(groups)} prepare(s), work directory {sweep.workdir}", soft_wrap=True)
     width = max(len("variant"), *(len(v.name) for v in selected))
     console.print(f"  {'variant':<{width}}  prepare  {'parameters':>12}  {'active':>12}  status   settings",
