@@ -344,7 +344,7 @@ def plot(
 ) -> None:
     """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs (a sweep over seeds
     and splits: each variant's mean with error bars of one standard deviation, and its test BLEU)."""
-    from nmtkit.sweep.spec import sweep_groups, sweep_runs
+    from nmtkit.sweep.plan import sweep_groups, sweep_runs
     from nmtkit.viz.curves import plot_curves
     from nmtkit.viz.figure import parse_size
 

@@ -132,7 +132,7 @@ def test_spread_and_paired_tests_equal_a_hand_computation(replicated):
 
 
 def test_plot_draws_the_spread(replicated, tmp_path):
-    from nmtkit.sweep.spec import sweep_groups
+    from nmtkit.sweep.plan import sweep_groups
 
     _, _, sweep_dir, _ = replicated
     groups = sweep_groups(sweep_dir)
@@ -154,7 +154,10 @@ def test_dry_run_and_command_line_seeds_and_splits(tmp_path):
     bad = sweep_cli(sweep, "--dry-run", "--seeds", "1,x")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--seeds 1,x" in bad.stderr
     bad = sweep_cli(sweep, "--dry-run", "--splits", "0")
-    assert bad.returncode == 2 and "number of data splits" in bad.stderr
+    assert bad.returncode == 2 and "--splits: expected a number of data splits from 1" in bad.stderr
+    seeded = write_sweep(tmp_path, "seeded", variants=[{"name": "s", "overrides": {"train.seed": 7}}], seeds=[1, 2])
+    bad = sweep_cli(seeded, "--dry-run")
+    assert bad.returncode == 2 and "variant s sets train.seed" in bad.stderr and bad.stderr.count("\n") == 1
 
 
 def test_a_files_split_redraws_dev_and_test_at_their_sizes_from_all_pairs():

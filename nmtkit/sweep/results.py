@@ -155,7 +155,7 @@ def results_markdown(results: dict) -> str:
               "- train tok/s: median of the logged windows (target tokens); decode sent/s: the test set with the "
               "recipe's beam; peak RSS: the largest single process (`nmtkit run` or one of its workers) over the "
               "variant's sessions; the first variant of each prepare also ran that prepare."]
-    if done:
+    if done and not results.get("groups"):  # replicated: the best mean is under the variants' table
         best = max(done, key=lambda row: row["dev_bleu"])
         lines.append(f"- best dev BLEU: `{best['name']}` ({best['dev_bleu']:.2f}); choose on dev, report test once.")
     if results.get("bleu_signature"):

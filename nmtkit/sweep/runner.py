@@ -29,6 +29,7 @@ from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, exclusive
+from nmtkit.sweep.plan import write_plan
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
 from nmtkit.workdir import WorkDir
@@ -59,7 +60,7 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     counts = {v.name: _counts(v) for v in sweep.variants}
     sweep.workdir.mkdir(parents=True, exist_ok=True)
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
-        _write_plan(sweep, counts)
+        write_plan(sweep, counts)
         failed = []
         for number, variant in enumerate(selected, 1):
             console.rule(f"[bold]{number}/{len(selected)} {variant.name}")
@@ -226,20 +227,6 @@ def _last_error(log: Path, start: int = 0) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("nmtkit: error:")]
     return (errors or lines or ["no output"])[-1]
-
-
-def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
-    """sweep.json: the variants in order (for `nmtkit plot SWEEP_DIR` and for people)."""
-    plan = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
-            "overrides": list(sweep.shared_overrides),
-            "variants": [{"name": v.name, "recipe": str(v.recipe), "overrides": list(v.overrides), "data_key": v.data_key,
-                          "config_key": v.config_key, "parameters": counts[v.name],
-                          **({"group": v.group, "seed": v.seed, "split": v.split} if v.group else {})}
-                         for v in sweep.variants]}
-    text = json.dumps(plan, indent=1, ensure_ascii=False) + "\n"
-    path = sweep.workdir / "sweep.json"
-    if not path.is_file() or path.read_bytes() != text.encode("utf-8"):  # damaged or stale: rewritten
-        atomic_write_text(path, text)
 
 
 def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list) -> None:

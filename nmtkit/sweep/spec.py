@@ -41,13 +41,12 @@ from typing import Any
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import plain_copy, safe_yaml
-from nmtkit.workdir import WorkDir
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid", "seeds", "splits")
 MAX_SPLITS = 100
 VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
 RESERVED_OVERRIDES = ("name", "workdir")  # the sweep places every variant itself
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 
@@ -184,8 +183,8 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
         variants.append(Variant(name, variant_recipe, tuple(items),
                                 _variant_config(path, variant_recipe, workdir, name, shared, items)))
     variants = tuple(variants)
-    seeds = _seeds(seeds if seeds is not None else raw.get("seeds"), f"{path}: seeds")
-    splits = _splits(splits if splits is not None else raw.get("splits"), f"{path}: splits")
+    seeds = _seeds(seeds, "--seeds") if seeds is not None else _seeds(raw.get("seeds"), f"{path}: seeds")
+    splits = _splits(splits, "--splits") if splits is not None else _splits(raw.get("splits"), f"{path}: splits")
     if not seeds and not splits:
         return Sweep(path.stem, path, recipe, workdir, shared, variants)
     runs = _replicas(path, workdir, shared, variants, seeds, splits or 1)
@@ -223,6 +222,12 @@ def _replicas(path: Path, workdir: Path, shared: tuple[str, ...], variants: tupl
               splits: int) -> tuple[Variant, ...]:
     """One run per (split, seed, variant), in that order: after the first round every variant
     has a run to compare. Without ``seeds`` each variant keeps its recipe's train.seed."""
+    replaced = (["train.seed"] if seeds else []) + ["data.split_seed"]
+    for variant in variants:
+        for item in [*shared, *variant.overrides]:
+            if item.split("=", 1)[0].strip() in replaced:
+                raise ConfigError(f"{path}: variant {variant.name} sets {item.split('=', 1)[0].strip()}, which "
+                                  f"`seeds:` / `splits:` set for every run; leave it to them")
     runs = []
     for split in range(splits):
         for seed in seeds or [None]:
@@ -346,7 +351,7 @@ def _name_text(value: Any) -> str:
 def _check_names(path: Path, names: list[str]) -> None:
     seen = set()
     for name in names:
-        if not _NAME.fullmatch(name):
+        if not VARIANT_NAME.fullmatch(name):
             raise ConfigError(f"{path}: variant name {name!r} must start with a letter or digit and hold only "
                               f"letters, digits and . _ = , + - (at most 120 characters)")
         if name in seen:
@@ -370,45 +375,3 @@ def run_command(sweep: Sweep, variant: Variant) -> list[str]:
 
 def _placement(sweep_name: str, workdir: Path, name: str) -> list[str]:
     return [f"name={_text(f'{sweep_name}-{name}')}", f"workdir={_text(str(variant_dir(workdir, name)))}"]
-
-
-def sweep_groups(directory: str | Path) -> list[tuple[str, list[Path], list[float]]] | None:
-    """(variant, its runs' training directories, their test BLEU scores) of a replicated sweep
-    directory, in sweep order, from sweep.json and each run's results; None when ``directory``
-    is not a replicated sweep."""
-    from nmtkit.files import read_json_dict
-
-    plan = read_json_dict(Path(directory) / "sweep.json") or {}
-    entries = plan.get("variants") if isinstance(plan.get("variants"), list) else []
-    if not entries or not all(isinstance(e, dict) and isinstance(e.get("group"), str) for e in entries):
-        return None
-    runs = dict(sweep_runs(directory))  # checks the names; only runs that trained
-    groups: dict[str, tuple[list[Path], list[float]]] = {}
-    for entry in entries:
-        if entry["name"] in runs:
-            paths, bleus = groups.setdefault(entry["group"], ([], []))
-            paths.append(runs[entry["name"]])
-            results = read_json_dict(WorkDir(variant_dir(Path(directory), entry["name"])).results / "results.json")
-            bleu = ((((results or {}).get("splits") or {}).get("test") or {}).get("bleu") or {}).get("score")
-            if isinstance(bleu, (int, float)):
-                bleus.append(float(bleu))
-    return [(name, paths, bleus) for name, (paths, bleus) in groups.items()]
-
-
-def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
-    """(variant name, training run dir) of a sweep directory's variants that have started
-    training, in sweep order; None when ``directory`` is not a sweep directory."""
-    plan_path = Path(directory) / "sweep.json"
-    if not plan_path.is_file():
-        return None
-    try:
-        names = [v["name"] for v in json.loads(plan_path.read_text(encoding="utf-8"))["variants"]]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        names = None
-    if not names or not all(isinstance(name, str) and _NAME.fullmatch(name) for name in names):
-        raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`")
-    runs = [(name, WorkDir(variant_dir(Path(directory), name)).run) for name in names]
-    runs = [(name, run.path) for name, run in runs if run.metrics.is_file()]
-    if not runs:
-        raise ConfigError(f"{directory}: no variant of this sweep has trained yet")
-    return runs
