@@ -298,11 +298,16 @@ def sweep(
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this variant (repeat for several).",
                                              show_default=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the variants with their parameter counts; run nothing."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="<1,2,3>", show_default=False,
+                                        help="Run every variant once per training seed (replaces the file's seeds)."),
+    splits: Optional[int] = typer.Option(None, "--splits", metavar="<K>", show_default=False,
+                                         help="... and once per data split 0..K-1 (data.split_seed; 0 is the "
+                                              "recipe's own split; replaces the file's splits)."),
 ) -> None:
     """Run every variant of a recipe (each as `nmtkit run`) and tabulate them with significance tests."""
-    from nmtkit.sweep.spec import load_sweep
+    from nmtkit.sweep.spec import load_sweep, parse_seeds
 
-    plan = load_sweep(sweep_file)
+    plan = load_sweep(sweep_file, parse_seeds(seeds) if seeds is not None else None, splits)
     from nmtkit.sweep.runner import run_sweep
 
     run_sweep(plan, _console(), only=only, dry_run=dry_run, debug=_state["debug"])
@@ -361,12 +366,18 @@ def plot(
     x: str = typer.Option("step", "--x", help="x axis: step (updates) or time (training wall time)."),
     size: str = typer.Option("1200x800", "--size", help="Image size in pixels, WIDTHxHEIGHT."),
 ) -> None:
-    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs."""
-    from nmtkit.sweep.spec import sweep_runs
+    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs (a sweep over seeds
+    and splits: each variant's mean with error bars of one standard deviation, and its test BLEU)."""
+    from nmtkit.sweep.plan import sweep_groups, sweep_runs
     from nmtkit.viz.curves import plot_curves
     from nmtkit.viz.figure import parse_size
 
     labels = None
+    if len(run_dirs) == 1 and (groups := sweep_groups(run_dirs[0])) is not None:
+        from nmtkit.viz.spread import plot_spread
+
+        _console().info(f"wrote {plot_spread(groups, output, x=x, size=parse_size(size))}")
+        return
     if len(run_dirs) == 1 and (runs := sweep_runs(run_dirs[0])) is not None:
         labels, run_dirs = [name for name, _ in runs], [path for _, path in runs]
     _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size), labels=labels)}")

@@ -194,7 +194,8 @@ def _training_summary(run_dir: Path) -> dict:
         trainer = None
     if trainer is None:
         return {}
-    return {"train_steps": trainer.step, "train_minutes": round(trainer.train_seconds / 60, 1)}
+    return {"train_steps": trainer.step, "train_minutes": round(trainer.train_seconds / 60, 1),
+            "train_flops": trainer.train_flops}
 
 
 def _cells(r: dict, metrics: list[str]) -> list[str]:

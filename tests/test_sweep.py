@@ -181,7 +181,7 @@ def test_finished_variants_are_skipped(finished):
 
 
 def test_plot_overlays_the_variants(finished, tmp_path):
-    from nmtkit.sweep.spec import sweep_runs
+    from nmtkit.sweep.plan import sweep_runs
 
     _, _, sweep_dir, _ = finished
     assert [name for name, _ in sweep_runs(sweep_dir)] == ["baseline", "fast"]

@@ -63,6 +63,11 @@ class DataConfig(SourceConfig):
     # src_lang / tgt_lang, which name the prepared files); dev and test come from the first corpus
     corpora: list[CorpusConfig] = field(default_factory=list)
     clean: CleanConfig = field(default_factory=CleanConfig)
+    # which split of the corpus into train / dev / test: 0 = the source's own (files and hf: their
+    # dev and test; sword: evenly spread verses); N > 0 re-draws dev and test at random with seed N
+    # at the same sizes, the rest for training (nmtkit/data/sources/resplit.py). Every corpus of
+    # data.corpora that has dev and test is re-drawn with it.
+    split_seed: int = 0
 
     def training_sources(self) -> list[CorpusConfig]:
         """The corpora with their languages filled in, or ``data`` itself as one untagged corpus."""
@@ -181,6 +186,9 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no epoch limit
     max_minutes: float = 0.0  # wall-clock budget (0: none); stops at the next step boundary
+    # training FLOPs budget (0: none), counted from the model's shapes per real token, forward + backward
+    # = 3 x forward (nmtkit/models/flops.py, docs/budgets.md); stops at the first update that reaches it
+    max_flops: float = 0.0
     # noam (the paper) | inverse_sqrt | constant | cosine / linear (warm-up, then decay to 0 at max_steps)
     schedule: Literal["noam", "inverse_sqrt", "constant", "cosine", "linear"] = "noam"
     lr: float = 1.0  # noam: multiplier of d_model^-0.5 ...; inverse_sqrt/constant: peak lr

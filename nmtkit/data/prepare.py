@@ -154,14 +154,15 @@ def _warn_if_a_run_is_left_behind(cfg: Config, out: Path, console) -> None:
 
 def _fetch_inputs(cfg: Config) -> dict:
     data = cfg.data
+    split = {"split_seed": data.split_seed} if data.split_seed else {}  # split 0 keeps the stamps it had
     if data.corpora:
         corpora = [{"name": c.name, "tag": c.tag, "source": c.source, "langs": [c.src_lang, c.tgt_lang],
                     "max_train_pairs": c.max_train_pairs, "input": source_fingerprint(c, first=i == 0, index=i)}
                    for i, c in enumerate(data.training_sources())]
         return {"format": FORMAT, "langs": [data.src_lang, data.tgt_lang], "dedup": data.clean.dedup,
-                "corpora": corpora}
+                "corpora": corpora, **split}
     return {"format": FORMAT, "source": data.source, "langs": [data.src_lang, data.tgt_lang],
-            "max_train_pairs": data.max_train_pairs, "dedup": data.clean.dedup, "input": fingerprint(data)}
+            "max_train_pairs": data.max_train_pairs, "dedup": data.clean.dedup, "input": fingerprint(data), **split}
 
 
 def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:

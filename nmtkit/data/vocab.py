@@ -177,7 +177,9 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
+    # resolved: SentencePiece splits its input list on commas, and a sweep's run directory (a
+    # linked prepared/ inside variants/NAME,seed=1,split=0/) has them where the shared one has none
+    with tempfile.TemporaryDirectory(dir=model_path.parent.resolve()) as tmp:
         corpus = Path(tmp) / "corpus.txt"
         with open(corpus, "w", encoding="utf-8") as handle:
             for line in texts:

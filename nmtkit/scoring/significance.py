@@ -213,3 +213,48 @@ def _compare(metric_key: str, name: str, metric: Any, system: tuple[float, np.nd
     return PairedResult(metric=metric_key, name=name, system=float(sys_score), baseline=float(base_score),
                         p_value=p_value, system_ci=_interval(sys_boot, alpha), baseline_ci=_interval(base_boot, alpha),
                         alpha=alpha)
+
+
+def paired_runs_test(runs: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str], Any]], metric_name: str = "bleu",
+                     resamples: int = 1000, seed: int = DEFAULT_SEED, lowercase: bool = False,
+                     tokenize: str = "13a") -> PairedResult:
+    """A system against a baseline over several paired runs: each run is (system hyps, baseline
+    hyps, references, its test-set key), the two systems trained with the same seed on the same
+    split. The score is the metric of all runs' outputs pooled (one corpus of every run's test
+    set); the paired bootstrap draws the sentences of each test set, and a drawn sentence brings
+    its outputs of every run on that test set (the runs of other seeds): the sentence, not the
+    (sentence, seed), is the unit sampled, so k seeds do not pass for k times the test data."""
+    check_test_options("bootstrap", resamples)
+    metric = make_metric(metric_name, lowercase=lowercase, tokenize=tokenize)
+    clusters: dict[Any, list[np.ndarray]] = {}
+    for hyps, baseline_hyps, refs, key in runs:
+        check_line_counts("system", hyps, [("reference", refs)])
+        check_line_counts("baseline", baseline_hyps, [("reference", refs)])
+        _, sys_stats = score_with_stats(metric, hyps, [refs])
+        _, base_stats = score_with_stats(metric, baseline_hyps, [refs])
+        if key in clusters and clusters[key][0].shape != sys_stats.shape:
+            raise ConfigError(f"runs on test set {key!r} have different numbers of sentences")
+        summed = clusters.setdefault(key, [np.zeros_like(sys_stats), np.zeros_like(base_stats)])
+        summed[0] += sys_stats
+        summed[1] += base_stats
+    sys_stats = np.concatenate([pair[0] for pair in clusters.values()])  # [sentences of all test sets, K]
+    base_stats = np.concatenate([pair[1] for pair in clusters.values()])
+    system, baseline = (float(scores_from_totals(metric, stats.sum(0))[0]) for stats in (sys_stats, base_stats))
+    sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
+                           bootstrap_totals([sys_stats, base_stats], resamples,
+                                            np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])))
+    return PairedResult(metric=metric_name, name=metric_name, system=system, baseline=baseline,
+                        p_value=bootstrap_p_value(sys_boot - base_boot, system - baseline),
+                        system_ci=_interval(sys_boot, DEFAULT_ALPHA), baseline_ci=_interval(base_boot, DEFAULT_ALPHA))
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test of ``wins`` against ``losses`` (ties left out): the chance of a
+    split at least this uneven between two systems that are equally good. 1.0 with no decided pair."""
+    from math import comb
+
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, k) for k in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)

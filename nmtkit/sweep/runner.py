@@ -29,6 +29,7 @@ from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, exclusive
+from nmtkit.sweep.plan import write_plan
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
 from nmtkit.workdir import WorkDir
@@ -59,7 +60,7 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     counts = {v.name: _counts(v) for v in sweep.variants}
     sweep.workdir.mkdir(parents=True, exist_ok=True)
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
-        _write_plan(sweep, counts)
+        write_plan(sweep, counts)
         failed = []
         for number, variant in enumerate(selected, 1):
             console.rule(f"[bold]{number}/{len(selected)} {variant.name}")
@@ -123,7 +124,7 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
 
 # train settings that say how long, how often, where or how fast: a run resumed with new values is
 # the run the new settings describe (max_steps too, unless the schedule decays towards it)
-_RESUMABLE = {"max_steps", "max_epochs", "threads", "log_every", "validate_every", "save_every", "keep_last",
+_RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "max_flops", "threads", "log_every", "validate_every", "save_every", "keep_last",
               "tensorboard", "average_last", "dev_bleu_beam", "dev_bleu_max_sentences", "patience", "best_metric",
               "device", "dtype", "compile"}
 
@@ -228,18 +229,6 @@ def _last_error(log: Path, start: int = 0) -> str:
     return (errors or lines or ["no output"])[-1]
 
 
-def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
-    """sweep.json: the variants in order (for `nmtkit plot SWEEP_DIR` and for people)."""
-    plan = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
-            "overrides": list(sweep.shared_overrides),
-            "variants": [{"name": v.name, "recipe": str(v.recipe), "overrides": list(v.overrides), "data_key": v.data_key,
-                          "config_key": v.config_key, "parameters": counts[v.name]} for v in sweep.variants]}
-    text = json.dumps(plan, indent=1, ensure_ascii=False) + "\n"
-    path = sweep.workdir / "sweep.json"
-    if not path.is_file() or path.read_bytes() != text.encode("utf-8"):  # damaged or stale: rewritten
-        atomic_write_text(path, text)
-
-
 def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list) -> None:
     """The --dry-run listing of the ``selected`` variants: each one's shared prepare (numbered
     over the whole sweep), parameter counts, status and settings, one unwrapped line each
@@ -248,7 +237,9 @@ def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list
     for variant in sweep.variants:
         groups.setdefault(variant.data_key, len(groups) + 1)
     shared = " ".join(sweep.shared_overrides) or "none"
-    console.print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.recipe} (shared overrides: {shared}), "
+    counted = (f"{len(sweep.groups)} variants x {len(sweep.seeds) or 1} seed(s) x {sweep.splits} split(s) = "
+               f"{len(sweep.variants)} runs" if sweep.replicated else f"{len(sweep.variants)} variants")
+    console.print(f"sweep {sweep.name}: {counted} of {sweep.recipe} (shared overrides: {shared}), "
                   f"{len(groups)} prepare(s), work directory {sweep.workdir}", soft_wrap=True)
     width = max(len("variant"), *(len(v.name) for v in selected))
     console.print(f"  {'variant':<{width}}  prepare  {'parameters':>12}  {'active':>12}  status   settings",

@@ -45,6 +45,7 @@ class TrainerState:
     bad_validations: int = 0
     skipped_steps: int = 0
     train_seconds: float = 0.0
+    train_flops: float = 0.0  # training FLOPs spent so far (models/flops.py): train.max_flops's budget
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
     dev_sha256: str = ""  # the dev ids best_score was earned on ("": a checkpoint of an older nmtkit)
 
@@ -180,6 +181,8 @@ def trainer_state(raw: dict) -> TrainerState:
                          f"({state.epoch_batches} batches)")
     if not _finite_number(state.train_seconds) or state.train_seconds < 0:
         raise ValueError(f"train_seconds must be a non-negative number, got {state.train_seconds!r}")
+    if not _finite_number(state.train_flops) or state.train_flops < 0:
+        raise ValueError(f"train_flops must be a non-negative number, got {state.train_flops!r}")
     if state.best_score is not None and not _finite_number(state.best_score):
         raise ValueError(f"best_score must be a number or null, got {state.best_score!r}")
     return state
