@@ -187,7 +187,7 @@ class TrainConfig:
     max_epochs: int = 0  # 0: no epoch limit
     max_minutes: float = 0.0  # wall-clock budget (0: none); stops at the next step boundary
     # training FLOPs budget (0: none), counted from the model's shapes per real token, forward + backward
-    # = 3 x forward (nmtkit/models/flops.py, docs/budgets.md); stops at the first update that reaches it
+    # = 3 x forward (nmtkit/models/flops.py, docs/training.md, "Compute budgets"); stops at the first update that reaches it
     max_flops: float = 0.0
     # noam (the paper) | inverse_sqrt | constant | cosine / linear (warm-up, then decay to 0 at max_steps)
     schedule: Literal["noam", "inverse_sqrt", "constant", "cosine", "linear"] = "noam"

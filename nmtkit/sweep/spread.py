@@ -131,7 +131,7 @@ def groups_markdown(results: dict) -> list[str]:
               f"seeds' outputs; won/lost: paired runs with higher/lower test BLEU than the baseline's, with the "
               f"two-sided exact sign test.",
               "- train PFLOPs: training FLOPs counted from the model's shapes, forward + backward = 3 x forward, "
-              "real tokens only (docs/budgets.md); BLEU/PFLOP and BLEU/min: test BLEU per unit of training cost."]
+              "real tokens only (docs/training.md, 'Compute budgets'); BLEU/PFLOP and BLEU/min: test BLEU per unit of training cost."]
     scored = [row for row in results["groups"] if row["dev_bleu"] is not None]
     if scored:
         best = max(scored, key=lambda row: row["dev_bleu"]["mean"])
