@@ -114,7 +114,7 @@ def main() -> None:
     from nmtkit.console import NmtConsole
     from nmtkit.data.vocab import train_spm
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.translation import translate_file
+    from nmtkit.translate_files import translate_file
     from nmtkit.modeldir import load_model_dir
 
     torch.set_num_threads(1)

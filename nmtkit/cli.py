@@ -166,7 +166,7 @@ def translate(
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
     from nmtkit.decoding.guides import GuideFiles
-    from nmtkit.translation import resolve_options, translate_file
+    from nmtkit.translate_files import resolve_options, translate_file
 
     _refuse_unused(ctx, [("topk", not sample, "applies to --sample only"),
                          ("topp", not sample, "applies to --sample only"),
@@ -219,7 +219,7 @@ def serve(
 
     require_http_stack()
     from nmtkit.serving.app import serve as run_server
-    from nmtkit.translation import resolve_options
+    from nmtkit.translate_files import resolve_options
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
                     max_beam=max_beam)

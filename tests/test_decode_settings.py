@@ -90,7 +90,7 @@ def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
 
 def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_path, monkeypatch, capsys):
     from nmtkit.console import get_console
-    from nmtkit.translation import saved_decode_settings as decode_settings_of
+    from nmtkit.translate_files import saved_decode_settings as decode_settings_of
     from nmtkit.training.trainer import train
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
@@ -114,7 +114,7 @@ def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_p
 def test_an_export_keeps_the_decode_settings(models, tmp_path):
     pytest.importorskip("ctranslate2")
     from nmtkit.ctranslate2.export import export_ctranslate2
-    from nmtkit.translation import saved_decode_settings as decode_settings_of
+    from nmtkit.translate_files import saved_decode_settings as decode_settings_of
 
     out = export_ctranslate2(models["new"], tmp_path / "model.ct2", None)
     assert decode_settings_of(out).__dict__ == SAVED

@@ -19,7 +19,7 @@ from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.search import beam_search, greedy_search, sample
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.translation import translate_file
+from nmtkit.translate_files import translate_file
 from test_search import TinyModel, all_outputs, random_batch, sequence_score
 
 PIECES, MAX_LEN = [1, 4, 5, 6], 3  # every piece a 7-piece TinyModel can emit (UNK too), up to 3 of them

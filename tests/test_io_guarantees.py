@@ -556,21 +556,21 @@ def test_an_input_that_changes_while_it_is_translated_writes_nothing(tmp_path, m
     lines (one output line per input line broken) with exit 0."""
     from test_robustness import cli
 
-    import nmtkit.translation as translation
+    import nmtkit.translate_files as translate_files
 
     source, out = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("the cat sat\na red dog\n")
-    translate_chunk = translation.translate_chunk
+    translate_chunk = translate_files.translate_chunk
 
     def while_a_writer_appends(*args, **kwargs):
         with open(source, "a") as handle:
             handle.write("one more line\n")
         return translate_chunk(*args, **kwargs)
 
-    monkeypatch.setattr(translation, "translate_chunk", while_a_writer_appends)
+    monkeypatch.setattr(translate_files, "translate_chunk", while_a_writer_appends)
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
     assert code == 2 and f"{source} changed while it was translated: nothing was written to {out}" in err
     assert not out.exists()
-    monkeypatch.setattr(translation, "translate_chunk", translate_chunk)
+    monkeypatch.setattr(translate_files, "translate_chunk", translate_chunk)
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
     assert code == 0 and out.read_text().count("\n") == 3  # the same command, once the file is complete

@@ -18,7 +18,7 @@ LAYERS = (
     ("modeldir",),
     ("decoding",),
     ("training", "ctranslate2"),
-    ("viz", "card", "translation", "pipeline", "sweep"),
+    ("viz", "card", "translate_files", "pipeline", "sweep"),
     ("serving",),
     ("cli_options",),
     ("cli",),

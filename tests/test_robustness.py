@@ -617,7 +617,7 @@ def test_translate_file_on_any_bytes(tiny_model, tmp_path_factory, lines, ending
     leaves no output file."""
     from nmtkit.console import NmtConsole
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.translation import translate_file
+    from nmtkit.translate_files import translate_file
     from nmtkit.errors import DataError
 
     model_dir, loaded = tiny_model

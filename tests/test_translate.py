@@ -13,7 +13,7 @@ from nmtkit.console import NmtConsole
 from nmtkit.decoding.batching import token_batches
 from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.translation import translate_file
+from nmtkit.translate_files import translate_file
 
 FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float32")
 

@@ -20,7 +20,7 @@ from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.errors import ConfigError
 from nmtkit.partial import partial_dir
-from nmtkit.translation import chunk_seed, progress_key, scan_input, translate_file
+from nmtkit.translate_files import chunk_seed, progress_key, scan_input, translate_file
 from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
 
 FLAGS = ("--beam-size", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu", "--dtype", "float32")

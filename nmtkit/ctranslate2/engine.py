@@ -1,7 +1,7 @@
 """``nmtkit translate --engine ctranslate2``: decode a model exported by ``nmtkit export``.
 
 Everything around the search is shared with the torch engine: lines are read, encoded,
-batched by tokens, put back in order and written by ``Translator`` and ``translation.py``
+batched by tokens, put back in order and written by ``Translator`` and ``translate_files.py``
 (one output line per input line, atomic files, truncation warned once); only the search runs
 in CTranslate2, on our own SentencePiece ids (as pieces, one to one with its vocabulary).
 

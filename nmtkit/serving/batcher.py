@@ -40,7 +40,7 @@ class Job:
 class Batcher:
     """``submit`` from any thread; the worker thread answers each job's future with a
     JSON-ready dict (``answer``) or the exception its translation raised. ``engine`` is a
-    loaded engine (``nmtkit.translation.open_engine``), ``base`` the server's options."""
+    loaded engine (``nmtkit.translate_files.open_engine``), ``base`` the server's options."""
 
     def __init__(self, engine, base: TranslateOptions, window_s: float, budget_tokens: int) -> None:
         self.engine, self.base = engine, base
