@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from nmtkit.checksums import verify
+from nmtkit.storage.checksums import verify
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.modeldir import read_json
 from nmtkit.runlog import read_metrics, read_run_config

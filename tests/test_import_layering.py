@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 LAYERS = (
     ("", "errors", "specials", "allocator", "console", "workdir", "threads", "compiler"),
     ("limits", "recipe_text"),
-    ("files", "device"),
-    ("config", "outputs", "partial", "runlog", "checksums"),
+    ("storage", "device"),
+    ("config", "runlog"),
     ("data", "models", "scoring"),
     ("modeldir",),
     ("decoding",),

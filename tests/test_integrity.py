@@ -26,7 +26,7 @@ def prepared(tmp_path_factory) -> Path:
 
 def hold_lock(directory: Path) -> subprocess.Popen:
     """Another process holding ``directory``'s lock as ``nmtkit train`` does, until its stdin closes."""
-    code = ("import sys; from pathlib import Path; from nmtkit.files import exclusive\n"
+    code = ("import sys; from pathlib import Path; from nmtkit.storage.files import exclusive\n"
             f"with exclusive(Path({str(directory)!r}), 'another `nmtkit train`'):\n"
             "    print('held', flush=True); sys.stdin.read()\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

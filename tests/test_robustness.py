@@ -155,7 +155,7 @@ ALLOWED_DIRECT_WRITES = {  # (module, text on the line): why a direct write is s
 
 def test_outputs_are_written_to_a_temp_name_and_renamed():
     """An audit: every direct write in the package is one of the known safe ones above;
-    anything else must go through nmtkit.files.atomic_open (temp name, fsync, rename)."""
+    anything else must go through nmtkit.storage.files.atomic_open (temp name, fsync, rename)."""
     root = Path(__file__).resolve().parent.parent
     found = []
     for path in sorted((root / "nmtkit").rglob("*.py")):
@@ -168,7 +168,7 @@ def test_outputs_are_written_to_a_temp_name_and_renamed():
 
 
 def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
-    from nmtkit.files import atomic_open
+    from nmtkit.storage.files import atomic_open
 
     target = tmp_path / "out.txt"
     target.write_text("previous\n")
@@ -184,7 +184,7 @@ def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
 def test_a_signal_just_after_the_temp_appears_leaves_nothing(tmp_path, monkeypatch, directory):
     """A SIGTERM or Ctrl-C that arrives right after the temporary file is created (a script
     may signal as soon as it sees it) -- before any block code runs -- removes it all the same."""
-    from nmtkit import files
+    from nmtkit.storage import files
 
     real_create = files._create
 
@@ -216,7 +216,7 @@ def test_a_split_writer_that_fails_to_start_leaves_no_parts(tmp_path, monkeypatc
     while making them (too many open files, a signal) removes the ones already made."""
     import numpy as np
 
-    from nmtkit import files
+    from nmtkit.storage import files
     from nmtkit.data.ids import SplitWriter, load_split
 
     real_create, made = files._create, []
@@ -241,7 +241,7 @@ def test_a_split_writer_that_fails_to_start_leaves_no_parts(tmp_path, monkeypatc
 
 
 def test_a_replaced_file_keeps_its_permissions(tmp_path):
-    from nmtkit.files import UMASK, atomic_write_text
+    from nmtkit.storage.files import UMASK, atomic_write_text
 
     private, fresh = tmp_path / "private.txt", tmp_path / "fresh.txt"
     private.write_text("old\n")
@@ -253,7 +253,7 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
 
 
 def test_a_read_only_output_is_refused(tmp_path, monkeypatch):
-    from nmtkit import outputs
+    from nmtkit.storage import outputs
     from nmtkit.errors import ConfigError
 
     locked = tmp_path / "locked.txt"
@@ -269,7 +269,7 @@ def test_a_read_only_output_is_refused(tmp_path, monkeypatch):
 def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monkeypatch):
     """With the user's own ``.out.old`` in the way, the old copy is parked under a name that
     the next write's stale-temp cleaning leaves alone, even after its process has died."""
-    from nmtkit import files
+    from nmtkit.storage import files
 
     out = tmp_path / "out"
     out.mkdir()
@@ -316,7 +316,7 @@ def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monk
 
 
 def test_model_dirs_and_checkpoints_get_the_usual_permissions(tmp_path, prepared, monkeypatch, capsys):
-    from nmtkit.files import UMASK
+    from nmtkit.storage.files import UMASK
 
     recipe = recipe_in(tmp_path, prepared, max_steps=2, save_every=2, validate_every=2)
     assert cli(monkeypatch, capsys, "-q", "train", str(recipe))[0] == 0

@@ -112,7 +112,7 @@ def plant(path: Path, data: bytes, checksum_in: Path | None = None, key: str = "
 
 def forge_manifest(directory: Path) -> None:
     """Rewrite ``directory``'s checksums.json so that it vouches for the files as they are now."""
-    from nmtkit.checksums import MANIFEST, write_manifest
+    from nmtkit.storage.checksums import MANIFEST, write_manifest
 
     write_manifest(directory, json.loads((directory / MANIFEST).read_text())["files"])
 

@@ -19,7 +19,7 @@ from nmtkit.console import NmtConsole
 from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.errors import ConfigError
-from nmtkit.partial import partial_dir
+from nmtkit.storage.partial import partial_dir
 from nmtkit.translate_files import chunk_seed, progress_key, scan_input, translate_file
 from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
 

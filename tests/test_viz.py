@@ -157,7 +157,7 @@ def test_attention_json_via_cli(tiny_run):
 def test_attention_translates_with_the_model_s_saved_decode_settings(tiny_run, tmp_path):
     """The maps are those of the translation `translate` gives: the model's saved length limit
     applies (here 2 pieces), and --target-lang is checked as translate checks it."""
-    from nmtkit.checksums import read_manifest, write_manifest
+    from nmtkit.storage.checksums import read_manifest, write_manifest
 
     model = tmp_path / "model"
     shutil.copytree(tiny_run / "best", model)

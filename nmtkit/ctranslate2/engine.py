@@ -32,7 +32,7 @@ import torch
 from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
-from nmtkit.checksums import MANIFEST, read_manifest, verify
+from nmtkit.storage.checksums import MANIFEST, read_manifest, verify
 from nmtkit.config import ModelConfig
 from nmtkit.errors import CheckpointError, ConfigError
 from nmtkit.modeldir import plain_name, read_json

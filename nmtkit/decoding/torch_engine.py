@@ -21,7 +21,7 @@ from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sample
 from nmtkit.device import resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
-from nmtkit.files import sha256_file
+from nmtkit.storage.files import sha256_file
 from nmtkit.models.base import Seq2Seq
 
 

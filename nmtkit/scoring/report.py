@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nmtkit.errors import ConfigError
-from nmtkit.files import decode_line, read_lines
+from nmtkit.storage.files import decode_line, read_lines
 from nmtkit.scoring.metrics import METRICS, check_line_counts, corpus_scores
 
 STDIN_NAME = "<stdin>"

@@ -16,7 +16,7 @@ from typing import Optional
 
 from nmtkit.config import Config
 from nmtkit.errors import ConfigError
-from nmtkit.files import sha256_file, shown_path
+from nmtkit.storage.files import sha256_file, shown_path
 from nmtkit.modeldir import CONFIG, load_weights, model_config_from_meta, read_meta, read_model_weights
 
 # model settings that shape training only: a fine-tuning run may change them

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import decode_line, read_lines, shown_path
+from nmtkit.storage.files import decode_line, read_lines, shown_path
 
 SPLITS = ("train", "dev", "test")
 

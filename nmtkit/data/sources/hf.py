@@ -16,7 +16,7 @@ from typing import Iterator
 
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import shown_path
+from nmtkit.storage.files import shown_path
 
 BATCH_ROWS = 10_000  # rows per arrow batch when streaming the training split
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.sources.osis import osis_to_text
 from nmtkit.errors import DataError
-from nmtkit.files import shown_path
+from nmtkit.storage.files import shown_path
 
 # The Debian packages that ship the modules the quickstart recipe uses.
 DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-sparv",
