@@ -111,7 +111,7 @@ def main() -> None:
 
     import torch
 
-    from nmtkit.console import NmtConsole
+    from nmtkit.runtime.console import NmtConsole
     from nmtkit.data.vocab import train_spm
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
     from nmtkit.translate_files import translate_file

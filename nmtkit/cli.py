@@ -76,9 +76,9 @@ def _main(
 ) -> None:
     _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
     _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
-    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
+    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
 
-    keep_freed_memory()  # before the first large tensor: see allocator.py
+    keep_freed_memory()  # before the first large tensor: see runtime/allocator.py
     bound_onednn_cache()  # before torch loads oneDNN (no command has imported it yet)
 
 
@@ -96,7 +96,7 @@ def _refuse_unused(ctx: typer.Context, rules: list) -> None:
 
 
 def _console():
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
 
     return get_console(_state["verbosity"])
 

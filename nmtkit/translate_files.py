@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from nmtkit import __version__
 from nmtkit.storage.checksums import MANIFEST
-from nmtkit.compiler import compile_decoder
+from nmtkit.runtime.compiler import compile_decoder
 from nmtkit.config import DecodeConfig
 from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated

@@ -45,7 +45,7 @@ def setup(tmp_path_factory) -> dict:
     """A trained run (2 checkpoints, best/, metrics), references and hypotheses, a recipe whose
     data files are missing (prepare and run stop at once), a sweep file and an export."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.ctranslate2.export import export_ctranslate2
     from nmtkit.training.trainer import train
 
@@ -175,12 +175,12 @@ def run_command(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
 def scratch(tmp_path, monkeypatch):
     """A working directory for relative outputs; the server returns once it listens, and
     --compile finds no C++ compiler (it would compile for tens of seconds)."""
-    import nmtkit.compiler
+    import nmtkit.runtime.compiler
     import nmtkit.serving.app
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(nmtkit.serving.app, "run_until_stopped", lambda server, sock: None)
-    monkeypatch.setattr(nmtkit.compiler, "missing_compiler", lambda device: "no compiler in this test")
+    monkeypatch.setattr(nmtkit.runtime.compiler, "missing_compiler", lambda device: "no compiler in this test")
     return tmp_path
 
 

@@ -210,7 +210,7 @@ def test_values_that_used_to_crash_later_are_refused_on_load(override, message):
 def test_a_cuda_device_without_cuda_is_a_clear_error():
     import torch
 
-    from nmtkit.device import resolve_device
+    from nmtkit.runtime.device import resolve_device
 
     for name in ("xla", "mps", "meta", "cuda:x", "cpu:0"):
         with pytest.raises(ConfigError, match=f"unknown device '{name}'"):

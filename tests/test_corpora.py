@@ -11,7 +11,7 @@ import torch
 
 from conftest import cli_in_process, sequences, tagged_model, tiny_recipe
 from nmtkit.config import from_dict, load_config
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

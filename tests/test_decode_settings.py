@@ -89,7 +89,7 @@ def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
 
 
 def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_path, monkeypatch, capsys):
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.translate_files import saved_decode_settings as decode_settings_of
     from nmtkit.training.trainer import train
 

@@ -6,7 +6,7 @@ import json
 
 from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
 from nmtkit.config import from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 
 
 def test_dev_bleu_equals_translate_then_score(tmp_path):

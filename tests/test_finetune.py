@@ -14,7 +14,7 @@ import yaml
 
 from conftest import cli_in_process, reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
 from nmtkit.config import from_dict, load_config
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.specials import UNK
 

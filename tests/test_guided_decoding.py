@@ -13,7 +13,7 @@ import torch
 
 from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.search import beam_search, greedy_search, sample

@@ -10,9 +10,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 
 # lowest first; a unit is a top-level module or package of nmtkit ("" is nmtkit/__init__.py)
 LAYERS = (
-    ("", "errors", "specials", "allocator", "console", "workdir", "threads", "compiler"),
+    ("", "errors", "specials", "workdir"),
     ("limits", "recipe_text"),
-    ("storage", "device"),
+    ("storage", "runtime"),
     ("config", "runlog"),
     ("data", "models", "scoring"),
     ("modeldir",),

@@ -16,7 +16,7 @@ import pytest
 
 import nmtkit.data.prepare as prep
 from nmtkit.config import load_config
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.data.ids import load_split
 from nmtkit.data.vocab import Vocab
 from nmtkit.workdir import WorkDir

@@ -615,7 +615,7 @@ def test_translate_file_on_any_bytes(tiny_model, tmp_path_factory, lines, ending
     """One output line per input line (CRLF, a missing final newline, U+2028 and NUL inside
     lines included); invalid UTF-8 is replaced, or is an error naming its first line that
     leaves no output file."""
-    from nmtkit.console import NmtConsole
+    from nmtkit.runtime.console import NmtConsole
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
     from nmtkit.translate_files import translate_file
     from nmtkit.errors import DataError

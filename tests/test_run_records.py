@@ -22,7 +22,7 @@ from test_safe_loading import MUTATIONS, assert_one_line, copy_work, mutate, rev
 def finished(tmp_path_factory) -> Path:
     """A work directory after ``nmtkit run`` of a tiny files recipe (recipe.yaml beside it)."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.pipeline import run_recipe
 
     root = tmp_path_factory.mktemp("records")

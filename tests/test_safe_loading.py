@@ -87,7 +87,7 @@ def test_the_payloads_are_live(tmp_path):
 def trained(tmp_path_factory) -> Path:
     """A workdir with prepared data, a checkpoint and best/ after two steps."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     workdir = tmp_path_factory.mktemp("trained")
@@ -319,7 +319,7 @@ def test_a_missing_manifest_is_noticed(trained, tmp_path, monkeypatch, capsys):
 def two_checkpoints(tmp_path_factory) -> Path:
     """A workdir whose run holds step_2 and step_4."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     workdir = tmp_path_factory.mktemp("two")
@@ -444,7 +444,7 @@ def reversal_files(root: Path) -> dict:
 def prepared_by_prepare(tmp_path_factory) -> Path:
     """A workdir prepared by ``nmtkit prepare`` itself (so prepared/ has its checksums.json)."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("prep")

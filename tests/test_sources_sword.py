@@ -224,7 +224,7 @@ def test_prepare_on_the_bible(aligned, monkeypatch, tmp_path):
     import io
 
     from nmtkit.config import load_config
-    from nmtkit.console import NmtConsole
+    from nmtkit.runtime.console import NmtConsole
     from nmtkit.data.prepare import prepare
 
     monkeypatch.setattr(sword, "aligned_verses", lambda *args: aligned)

@@ -14,7 +14,7 @@ import yaml
 
 from conftest import tiny_recipe, tiny_sentences
 from nmtkit.config import from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 from nmtkit.data.ids import ParallelIds, flatten, load_split
 from nmtkit.data.subword_sampling import SubwordSampler, sentence_seeds
 from nmtkit.data.vocab import Vocab, train_spm

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
 from nmtkit.config import TrainConfig, from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
 from nmtkit.specials import BOS, EOS, PAD

@@ -9,7 +9,7 @@ import torch
 
 from conftest import run_cli, tiny_sentences
 from nmtkit.config import ModelConfig
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.batching import token_batches
 from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError, DataError, NmtkitError

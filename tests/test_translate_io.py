@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import tiny_sentences
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.errors import ConfigError

@@ -389,7 +389,7 @@ def test_moe_training_logs_router_statistics_and_plots_them(tmp_path):
 
     from conftest import reversal_pairs, tiny_recipe, write_prepared
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
     from nmtkit.viz.curves import layer_series, plot_curves
 

@@ -12,7 +12,7 @@ import torch
 
 from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
 from nmtkit.config import ModelConfig, TrainConfig, from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 from nmtkit.errors import ConfigError, NmtkitError
 
 pytest.importorskip("matplotlib")

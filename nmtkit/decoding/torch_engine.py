@@ -19,7 +19,7 @@ import torch
 
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sample
-from nmtkit.device import resolve_device, resolve_dtype
+from nmtkit.runtime.device import resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
 from nmtkit.storage.files import sha256_file
 from nmtkit.models.base import Seq2Seq

@@ -155,7 +155,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     import json
 
     from nmtkit.decoding.translate import target_tag_for
-    from nmtkit.device import resolve_device
+    from nmtkit.runtime.device import resolve_device
     from nmtkit.modeldir import CONFIG, load_model_dir, saved_decode
 
     if fmt not in ("png", "json"):
