@@ -168,17 +168,36 @@ def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeyp
         assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (int(text) + 1, 2 * int(text)))
 
 
-@pytest.mark.parametrize("dtype, decoded", [("auto", "auto"), ("float32", "float32"), ("bf16", "bf16"), ("fp16", "auto")])
-def test_run_translates_dev_and_test_in_the_training_dtype(dtype, decoded):
+@pytest.mark.parametrize("dtype, decoded, on_cpu", [("auto", "auto", torch.float32), ("float32", "float32", torch.float32),
+                                                   ("bf16", "bf16", torch.bfloat16), ("fp16", "auto", torch.float32)])
+def test_run_translates_dev_and_test_in_the_training_dtype(dtype, decoded, on_cpu):
     """`run` scores the model in the precision it was trained and validated in, not translate's
-    own default (which casts to bf16 on a GPU that has it)."""
+    own default (which casts to bf16 on a GPU that has it); a model trained under fp16 autocast on
+    a CPU decodes there in float32 (fp16 itself is refused on a CPU)."""
     from nmtkit.config import from_dict
+    from nmtkit.decoding.torch_engine import inference_dtype
     from nmtkit.pipeline import decode_options
 
     options = decode_options(from_dict({"data": {"source": "files"}, "train": {"dtype": dtype, "device": "cpu"},
                                          "decode": {"beam_size": 3}}))
     assert (options.dtype, options.device, options.beam_size, options.nbest) == (decoded, "cpu", 3, 1)
-    if dtype == "fp16":  # trained under autocast on a CPU: decoding must still work there
-        from nmtkit.decoding.torch_engine import inference_dtype
+    assert inference_dtype(options.dtype, torch.device("cpu")) == on_cpu
 
-        assert inference_dtype(options.dtype, torch.device("cpu")) is not None
+
+def test_search_settings_take_their_defaults_and_values_from_the_decode_options():
+    """A search's settings have no defaults of their own: each is TranslateOptions' (hence
+    DecodeConfig's), and ``of`` carries a call's values over, alignments as need_attn."""
+    import dataclasses
+
+    from nmtkit.decoding.options import SearchSettings, TranslateOptions
+
+    call = TranslateOptions()
+    for field in dataclasses.fields(SearchSettings):
+        source = "alignments" if field.name == "need_attn" else field.name
+        assert getattr(SearchSettings(), field.name) == getattr(call, source), field.name
+    asked = TranslateOptions(beam_size=7, nbest=3, lenpen=0.2, max_len_a=2.0, max_len_b=9, min_len=2, alignments=True,
+                             topk=5, topp=0.5, temperature=0.7, seed=11)
+    assert SearchSettings.of(asked) == SearchSettings(7, 3, 0.2, 2.0, 9, 2, True, 5, 0.5, 0.7, 11)
+    recipe = DecodeConfig(beam_size=2, lenpen=0.0, max_len_a=0.5, max_len_b=4, min_len=3)
+    assert SearchSettings.of(recipe, need_attn=True) == SearchSettings(beam_size=2, lenpen=0.0, max_len_a=0.5,
+                                                                      max_len_b=4, min_len=3, need_attn=True)

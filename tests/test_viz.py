@@ -120,12 +120,13 @@ def test_attention_is_targets_by_sources_and_rows_sum_to_one(sentence):
 
 def test_teacher_forced_maps_equal_the_search_attention(sentence):
     """The default map (last layer, mean of heads) is what decode_step reports step by step."""
+    from nmtkit.decoding.options import SearchSettings
     from nmtkit.decoding.search import beam_search
 
     loaded, att = sentence
     ids = loaded.src_vocab.encode("a b c d")
     src = torch.tensor([ids])
-    best = beam_search(loaded.model, src, src.ne(0), 2, need_attn=True)[0][0]
+    best = beam_search(loaded.model, src, src.ne(0), SearchSettings(beam_size=2, need_attn=True))[0][0]
     assert loaded.tgt_vocab.pieces(best.tokens) == att.target_pieces
     torch.testing.assert_close(att.matrix(), best.attention.float(), atol=1e-5, rtol=1e-5)
 
