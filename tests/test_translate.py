@@ -215,3 +215,21 @@ def test_options_match_the_cli_signature():
     cli_names = set(inspect.signature(translate).parameters) - {"ctx", "model", "input", "output", "prefix_file",
                                                                  "constraints"}
     assert cli_names == {f.name for f in dataclasses.fields(TranslateOptions)}
+
+
+def test_translate_and_serve_share_one_declaration_of_each_common_option():
+    """The engine, placement, language and decode flags are declared once (cli_options) and
+    appear in both commands with the same flags, help and default; translate's option groups
+    cover TranslateOptions exactly, so no setting is accepted and dropped."""
+    import typer.main
+
+    from nmtkit import cli_options
+    from nmtkit.cli import app
+
+    commands = typer.main.get_command(app).commands
+    shared = [f.name for group in (cli_options.RunFlags, cli_options.DecodeFlags) for f in dataclasses.fields(group)]
+    shown = {name: {p.name: (p.opts, p.help, p.default) for p in commands[name].params} for name in ("translate", "serve")}
+    assert shared and all(shown["translate"][name] == shown["serve"][name] for name in ["model", *shared])
+    settings = [f.name for group in (cli_options.RunFlags, cli_options.DecodeFlags, cli_options.CallFlags)
+                for f in dataclasses.fields(group)]
+    assert sorted(settings) == sorted(f.name for f in dataclasses.fields(TranslateOptions))
