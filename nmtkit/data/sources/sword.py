@@ -26,6 +26,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from nmtkit.config import SourceConfig
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.sources.osis import osis_to_text
 from nmtkit.errors import DataError
@@ -38,7 +39,7 @@ DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-
 Ref = tuple[str, int, int]  # (book name as diatheke prints it, chapter, verse)
 
 
-def fingerprint(data) -> dict:
+def fingerprint(data: SourceConfig) -> dict:
     """The config fields and module versions a fetch depends on. The stamp's JSON sorts the
     modules by name, which loses which one is the source: when the source sorts after the
     target it is named as well (so the usual order keeps the stamps it always had)."""
@@ -53,7 +54,7 @@ def fingerprint(data) -> dict:
     return found if data.sword_testament == "all" else {**found, "testament": data.sword_testament}
 
 
-def read(data) -> Corpus:
+def read(data: SourceConfig) -> Corpus:
     """Align the two modules verse by verse and hold out evenly spread dev and test verses."""
     refs, pairs, dropped, modules = aligned_verses(Path(data.sword_path), data.sword_src, data.sword_tgt)
     refs, pairs = testament(refs, pairs, data.sword_testament)
