@@ -1,5 +1,5 @@
-"""Back-translation and distillation end to end through the CLI, as README documents them
-(issue 17, items 4-5): translate a corpus with one model, train another on the result."""
+"""Back-translation and distillation end to end through the CLI, as README documents them:
+translate a corpus with one model, train another on the result."""
 from __future__ import annotations
 
 import gzip

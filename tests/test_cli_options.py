@@ -1,5 +1,5 @@
 """Every option and argument of every command, given any value, either works or is refused in
-one line (exit 2 for a bad value, 1 for a runtime failure), never a traceback (issue 14).
+one line (exit 2 for a bad value, 1 for a runtime failure), never a traceback.
 
 The options are read from the command line app itself, so a new option is fuzzed as soon as
 it exists. Each command starts from an invocation that succeeds quickly on a tiny model; one
@@ -191,7 +191,7 @@ ANSWERS_ON_STDERR = ("train", "sweep")  # --dry-run's table is the answer, print
 
 
 def test_every_command_has_a_base_invocation_that_works_quietly(setup, scratch, monkeypatch, capsys):
-    """The starting points work, and with -q a successful command prints nothing on stderr (item 8)."""
+    """The starting points work, and with -q a successful command prints nothing on stderr."""
     for command in COMMANDS:
         code, err = run_command(monkeypatch, capsys, invocation(command, setup))
         if command in ("prepare", "run"):

@@ -43,7 +43,7 @@ def with_key(key: str, value, base: dict | None = None) -> dict:
     return raw
 
 
-# --- data.source (issue 14, item 2) ------------------------------------------------------------
+# --- data.source -------------------------------------------------------------------------------
 
 def test_a_recipe_without_a_source_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match=r"^data.source is missing; choose one of files, hf, sword$"):
@@ -92,7 +92,7 @@ def test_the_cli_refuses_a_recipe_without_source_before_any_work(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
-# --- YAML alias bombs (item 17) ----------------------------------------------------------------
+# --- YAML alias bombs --------------------------------------------------------------------------
 
 def test_an_alias_bomb_is_refused_in_one_line_before_it_expands(tmp_path):
     levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -175,7 +175,7 @@ def test_deep_or_huge_recipes_and_non_plain_values_are_config_errors(tmp_path):
         from_dict({"data": {"source": "files", "files": {1: "x"}}})
 
 
-# --- ranges (item 16) --------------------------------------------------------------------------
+# --- ranges ------------------------------------------------------------------------------------
 
 def test_every_number_in_a_recipe_has_a_range():
     assert sorted(NUMERIC_KEYS) == sorted(k for k in RANGES if not k.startswith(COMMAND_OPTIONS))
@@ -254,7 +254,7 @@ def leaves(node, parts: list[str]) -> list:
     return leaves(getattr(node, parts[0]), parts[1:]) if parts else [node]
 
 
-# --- no key without an effect (Done when) ------------------------------------------------------
+# --- no key without an effect ------------------------------------------------------------------
 
 # keys that the config package itself applies, so nothing else needs to read them
 APPLIED_BY_CONFIG = {"model.preset": "expanded into the model dims by from_dict",

@@ -1,4 +1,4 @@
-"""Several training corpora with weights and tags, and multilingual models (issue 17, items 2-3)."""
+"""Several training corpora with weights and tags, and multilingual models."""
 from __future__ import annotations
 
 import gzip

@@ -120,7 +120,7 @@ def test_an_export_keeps_the_decode_settings(models, tmp_path):
     assert decode_settings_of(out).__dict__ == SAVED
 
 
-# --- numeric options (issue 14, item 16) -------------------------------------------------------
+# --- numeric options ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, message", [
     (["--sample", "--temperature", "inf"], "--temperature must be a finite number, got inf"),

@@ -1,4 +1,4 @@
-"""Fine-tuning (issue 17, item 1): ``vocab.from`` reuses a SentencePiece model instead of training
+"""Fine-tuning: ``vocab.from`` reuses a SentencePiece model instead of training
 one, and ``train.init_from`` starts a new run from another model's weights."""
 from __future__ import annotations
 

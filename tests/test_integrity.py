@@ -22,7 +22,7 @@ def prepared(tmp_path_factory) -> Path:
     return workdir / "prepared"
 
 
-# --- one trainer per run (issue 14, item 14) -----------------------------------------------------
+# --- one trainer per run -------------------------------------------------------------------------
 
 def hold_lock(directory: Path) -> subprocess.Popen:
     """Another process holding ``directory``'s lock as ``nmtkit train`` does, until its stdin closes."""
@@ -63,7 +63,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, prepared, monkeyp
     assert (tmp_path / ".nmtkit.lock").read_text() == ""  # a finished holder is no longer named in a refusal
 
 
-# --- a run resumes only on the data it started on (issue 14, item 1) ------------------------------
+# --- a run resumes only on the data it started on -------------------------------------------------
 
 def files_recipe(tmp_path: Path, train_pairs: list[tuple[str, str]]) -> Path:
     """A `source: files` recipe over text files holding ``train_pairs`` (rewritten on each call)."""

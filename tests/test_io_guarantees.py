@@ -1,6 +1,6 @@
 """What a user sees at the command line around files and outputs: help text, significance
 verdicts, averaging fewer checkpoints than asked, paths from recipes, byte-order marks,
-pipes as inputs (issue 14)."""
+pipes as inputs."""
 from __future__ import annotations
 
 import json
@@ -42,7 +42,7 @@ def one_line_error(result, code: int = 2) -> str:
     return stderr
 
 
-# --- help text (item 10) -------------------------------------------------------------------
+# --- help text -----------------------------------------------------------------------------
 
 def test_help_shows_no_python_types():
     import typer.main
@@ -65,7 +65,7 @@ def test_help_says_what_run_translates_and_what_alignments_index():
     assert "--alignment-units" in translate and "pieces (SentencePiece pieces;" in translate
 
 
-# --- significance verdicts (item 11) ---------------------------------------------------------
+# --- significance verdicts -------------------------------------------------------------------
 
 def test_no_winner_is_named_without_significance(tmp_path):
     refs = tiny_sentences(30, seed=1)
@@ -89,7 +89,7 @@ def test_no_winner_is_named_without_significance(tmp_path):
     assert "alpha must be between 0 and 1" in one_line_error(run_cli(*args, "--alpha", "1.5"))
 
 
-# --- average with fewer checkpoints than asked (item 7) --------------------------------------
+# --- average with fewer checkpoints than asked -----------------------------------------------
 
 def fake_run(root: Path, model_dir: Path, steps: tuple[int, ...]) -> Path:
     """A run directory whose checkpoints are copies of ``model_dir`` (averaging reads model dirs only)."""
@@ -156,7 +156,7 @@ def test_run_says_when_it_averages_fewer_checkpoints_than_average_last(tmp_path,
     assert console.warnings == []
 
 
-# --- paths given by a recipe (item 12) -------------------------------------------------------
+# --- paths given by a recipe -----------------------------------------------------------------
 
 def test_a_missing_recipe_file_names_the_absolute_path_and_the_directory(tmp_path):
     work = tmp_path / "elsewhere"
@@ -184,7 +184,7 @@ def test_a_relative_workdir_is_shown_with_the_directory_it_was_relative_to(tmp_p
                                f"the current directory {elsewhere}) not found: run `nmtkit prepare`")
 
 
-# --- text inputs: byte-order marks, CRLF, pipes (item 18) ------------------------------------
+# --- text inputs: byte-order marks, CRLF, pipes ----------------------------------------------
 
 def test_translate_reads_pipes_and_dev_stdin_and_ignores_a_bom_and_crlf(tmp_path, model_dir, monkeypatch, capsys):
     from test_decode_settings import run
@@ -241,7 +241,7 @@ def test_score_reads_pipes_and_dev_stdin(tmp_path):
     assert "is a directory" in one_line_error(run_cli("score", "-r", str(ref), "-i", str(tmp_path)))
 
 
-# --- n-best lists (item 4) -----------------------------------------------------------------
+# --- n-best lists --------------------------------------------------------------------------
 
 FAST = ("--beam-size", "3", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu")
 
@@ -262,7 +262,7 @@ def test_nbest_gives_n_attributable_lines_for_every_input_line(model_dir):
     assert "exactly N lines per input line" in help_text("translate")
 
 
-# --- -o: never destroy what nmtkit did not create (item 13) ----------------------------------
+# --- -o: never destroy what nmtkit did not create --------------------------------------------
 
 def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_dir):
     text = "the cat sat\n\na red dog\n"
@@ -403,7 +403,7 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
     assert (averaged / "model.safetensors").is_file()
 
 
-# --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------
+# --- temporary files of killed runs, invalid UTF-8 while streaming ----------------------------
 
 # Starts ``python -m nmtkit ARGS`` with SIGINT and SIGTERM as an interactive shell leaves them. A
 # suite started in the background (`nohup pytest &`: the shell ignores SIGINT for background jobs)
@@ -489,7 +489,7 @@ def test_invalid_utf8_while_streaming_says_what_was_written(tmp_path, model_dir)
 
 
 def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkeypatch, capsys):
-    """The issue's case (a bad line 12,001 after chunks of 10,000) at a small scale: chunks of 2,
+    """A bad line 12,001 after chunks of 10,000, at a small scale: chunks of 2,
     the bad line after two whole chunks and a part, and right after a whole chunk."""
     import io
 
@@ -511,7 +511,7 @@ def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkey
         assert captured.out == expected and len(expected.splitlines()) == before
 
 
-# --- exit codes (item 9) -------------------------------------------------------------------
+# --- exit codes ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
     ("translate", "-m", "{missing}"), ("average", "{missing}"), ("score", "-r", "{missing}", "-i", "{missing}"),
@@ -533,7 +533,7 @@ def test_a_failed_write_exits_1(tmp_path, model_dir):
     assert "No space left on device" in message
 
 
-# --- an exported model is translated by CTranslate2 without --engine (item 6) ------------------
+# --- an exported model is translated by CTranslate2 without --engine ---------------------------
 
 def test_translate_detects_an_export_directory(tmp_path, model_dir):
     pytest.importorskip("ctranslate2")

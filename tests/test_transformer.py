@@ -226,4 +226,4 @@ def test_learns_to_reverse_ten_symbols(variant):
     with torch.no_grad():
         hyps = greedy_search(model, src, src.ne(PAD), SearchSettings(lenpen=0.0, max_len_a=1.0, max_len_b=2, min_len=1))
     exact = sum(h[0].tokens == s.flip(0).tolist() for h, s in zip(hyps, src)) / len(src)
-    assert exact > bar, exact  # ~15 s on 2 cores for the paper's model; the issue asks for under a minute
+    assert exact > bar, exact  # ~15 s on 2 cores for the paper's model; it must stay under a minute
