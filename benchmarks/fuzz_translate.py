@@ -31,9 +31,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
-from conftest import tiny_sentences  # noqa: E402
+from conftest import save_tiny_model, tiny_sentences  # noqa: E402
 from test_robustness import NASTY_LINES  # noqa: E402
-from test_translate import save_tiny_model  # noqa: E402
 
 SPECIAL = ("\x00\x01\x07\x1b\x7f\x85\xa0\u0300\u0301\u036f\u200b\u200d\u200e\u200f\u202a\u202e\u2028\u2029"
            "\u2066\ufeff\ufffd")  # controls, combining marks, zero-width, bidi, line separators, BOM

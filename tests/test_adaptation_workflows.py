@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from conftest import cli_in_process, reversal_pairs, sequences, train_tiny
-from test_corpora import write_pairs
+from conftest import reversal_pairs, sequences, train_tiny, write_pairs
+from support.cli import cli_in_process
 
 
 def nmtkit(monkeypatch, capsys, *args: str) -> str:

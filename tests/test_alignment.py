@@ -6,10 +6,9 @@ import re
 import pytest
 import torch
 
-from conftest import tiny_sentences
+from conftest import options, tiny_sentences
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.translate import translate_lines
-from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
 
 
 def test_pieces_map_to_the_words_they_belong_to_on_a_hand_made_case():

@@ -229,8 +229,8 @@ def test_any_value_of_any_option_works_or_is_one_line(setup, scratch, monkeypatc
 def test_any_recipe_value_builds_the_model_or_is_one_line(setup, scratch, monkeypatch, capsys, data):
     """Beyond loading (test_config_rules): a value that loads also builds its model, in ``train
     --dry-run`` (on the meta device, so a size this machine cannot hold still gets its table)."""
-    from test_config_rules import VALUES as RECIPE_VALUES
-    from test_config_rules import config_keys
+    from support.recipe_space import VALUES as RECIPE_VALUES
+    from support.recipe_space import config_keys
 
     key = data.draw(st.sampled_from(config_keys()), label="key")
     value = data.draw(RECIPE_VALUES.map(lambda v: json.dumps(v) if not isinstance(v, str) else v), label="value")

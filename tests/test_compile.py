@@ -100,7 +100,8 @@ def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepare
 
 def test_translate_compile_without_a_cpp_compiler_warns_once_and_translates_the_same(tmp_path, reversal_spm,
                                                                                      monkeypatch):
-    from conftest import run_cli, train_tiny
+    from conftest import train_tiny
+    from support.cli import run_cli
     from nmtkit.decoding.translate import TranslateOptions
     from nmtkit.errors import ConfigError
 

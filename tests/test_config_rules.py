@@ -17,20 +17,10 @@ from hypothesis import strategies as st
 from nmtkit.config import NUMERIC_KEYS, Config, apply_overrides, from_dict, load_config
 from nmtkit.errors import ConfigError
 from nmtkit.limits import COMMAND_OPTIONS, RANGES
+from support.recipe_space import VALUES, config_keys
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 SOURCE = {"data": {"source": "files"}}
-
-
-def config_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Dotted names of every leaf field of the config dataclasses."""
-    keys, hints = [], typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            keys += config_keys(hints[f.name], f"{prefix}{f.name}.")
-        else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
 
 
 def with_key(key: str, value, base: dict | None = None) -> dict:
@@ -82,7 +72,7 @@ def test_each_source_accepts_its_own_keys_and_a_saved_config_reloads():
 
 
 def test_the_cli_refuses_a_recipe_without_source_before_any_work(tmp_path):
-    from conftest import run_cli
+    from support.cli import run_cli
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"workdir: {tmp_path / 'work'}\ndata: {{src_lang: en, tgt_lang: es}}\n")
@@ -221,14 +211,6 @@ def test_a_cuda_device_without_cuda_is_a_clear_error():
     else:
         with pytest.raises(ConfigError, match="only"):
             resolve_device(f"cuda:{torch.cuda.device_count()}")
-
-
-VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
-    | st.sampled_from(["nan", "inf", "-1", "1e400", "0", "true", "cuda:0", "files", "[1, 2]", "2**64"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=5)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import reversal_pairs, tiny_recipe, train_tiny, write_prepared
 from nmtkit.config import DecodeConfig, from_dict
-from test_robustness import assert_error, cli
+from support.cli import assert_error, cli, cli_stdout
 
 SAVED = {"beam_size": 2, "lenpen": 0.0, "max_len_a": 0.0, "max_len_b": 2, "min_len": 1, "batch_tokens": 500}
 
@@ -32,22 +32,8 @@ def models(tmp_path_factory, reversal_spm) -> dict[str, Path]:
     return {"old": old, "new": new, "input": text}
 
 
-def run(monkeypatch, capsys, *args: str) -> str:
-    """``nmtkit ARGS`` in this process, which must succeed: its stdout."""
-    import sys
-
-    from nmtkit.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    captured = capsys.readouterr()
-    assert (stopped.value.code or 0) == 0, captured.err
-    return captured.out
-
-
 def run_translate(monkeypatch, capsys, model: Path, text: Path, *flags: str) -> list[str]:
-    return run(monkeypatch, capsys, "-q", "translate", "-m", str(model), "-i", str(text), *flags).splitlines()
+    return cli_stdout(monkeypatch, capsys, "-q", "translate", "-m", str(model), "-i", str(text), *flags).splitlines()
 
 
 def flags_for(decode: dict) -> list[str]:
@@ -75,7 +61,7 @@ def test_info_shows_the_decode_settings(models, monkeypatch, capsys):
     assert model_card(models["old"])["decode"] == {**DecodeConfig().__dict__, "from": "defaults"}
     monkeypatch.setenv("COLUMNS", "300")  # one table row, one line
     assert "beam 2, lenpen 0.0, length <= 0.0 x source + 2, min 1, 500 tokens a batch (from the recipe)" in \
-        run(monkeypatch, capsys, "info", str(models["new"]))
+        cli_stdout(monkeypatch, capsys, "info", str(models["new"]))
 
 
 def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):

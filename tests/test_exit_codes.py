@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
-from test_robustness import assert_error, cli
+from conftest import reversal_pairs, tiny_recipe, write_prepared
+from support.cli import assert_error, cli, run_cli
 
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
 

@@ -21,7 +21,7 @@ from nmtkit.decoding.search import beam_search, greedy_search, sample
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.translate_files import translate_file
-from test_search import TinyModel, all_outputs, random_batch, sequence_score
+from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
 
 PIECES, MAX_LEN = [1, 4, 5, 6], 3  # every piece a 7-piece TinyModel can emit (UNK too), up to 3 of them
 EXACT = dict(lenpen=0.6, max_len_a=0, max_len_b=MAX_LEN, min_len=0)
@@ -277,7 +277,7 @@ def test_bad_constraint_files_are_one_line_errors_before_the_model_loads(name, c
 
 
 def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, monkeypatch, capsys):
-    from test_robustness import assert_error, cli
+    from support.cli import assert_error, cli
 
     source = write(tmp_path / "in.txt", LINES)
     prefixes = write(tmp_path / "prefix.txt", ["a"] * 3)

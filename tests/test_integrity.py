@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, tiny_recipe, write_prepared
-from test_robustness import MODEL, assert_error, cli, recipe_in
+from conftest import MODEL, recipe_in, reversal_pairs, tiny_recipe, write_prepared
+from support.cli import assert_error, cli
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, tiny_sentences
-from test_translate import save_tiny_model
+from conftest import save_tiny_model, tiny_sentences
+from support.cli import run_cli
 
 COMMANDS = ("prepare", "train", "translate", "serve", "score", "run", "sweep", "average", "plot", "attention", "info",
             "export", "verses")
@@ -172,7 +172,7 @@ def test_a_missing_recipe_file_names_the_absolute_path_and_the_directory(tmp_pat
 
 def test_a_relative_workdir_is_shown_with_the_directory_it_was_relative_to(tmp_path, monkeypatch, capsys):
     """The default workdir (data/NAME) is relative: run from the wrong directory, train names where it looked."""
-    from test_robustness import assert_error, cli
+    from support.cli import assert_error, cli
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -187,21 +187,21 @@ def test_a_relative_workdir_is_shown_with_the_directory_it_was_relative_to(tmp_p
 # --- text inputs: byte-order marks, CRLF, pipes ----------------------------------------------
 
 def test_translate_reads_pipes_and_dev_stdin_and_ignores_a_bom_and_crlf(tmp_path, model_dir, monkeypatch, capsys):
-    from test_decode_settings import run
+    from support.cli import cli_stdout
 
     text = "the cat sat\n\na red dog\n"
     plain = tmp_path / "plain.txt"
     plain.write_text(text, encoding="utf-8")
-    expected = run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain))
+    expected = cli_stdout(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain))
     assert len(expected.splitlines()) == 3
     windows = tmp_path / "windows.txt"
     windows.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
-    assert run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(windows)) == expected
+    assert cli_stdout(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(windows)) == expected
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: fifo.write_text(text, encoding="utf-8"))
     writer.start()
-    assert run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(fifo)) == expected
+    assert cli_stdout(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(fifo)) == expected
     writer.join()
     piped = run_cli("translate", "-m", str(model_dir), *FAST, "-i", "/dev/stdin", input=text)
     assert piped.returncode == 0 and piped.stdout.decode("utf-8") == expected, piped.stderr.decode()
@@ -554,7 +554,7 @@ def test_translate_detects_an_export_directory(tmp_path, model_dir):
 def test_an_input_that_changes_while_it_is_translated_writes_nothing(tmp_path, model_dir, monkeypatch, capsys):
     """A file that grew during `translate -i FILE -o FILE` once gave an output missing its new
     lines (one output line per input line broken) with exit 0."""
-    from test_robustness import cli
+    from support.cli import cli
 
     import nmtkit.translate_files as translate_files
 

@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,30 +17,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
-
-MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``nmtkit ARGS`` in this process: (exit code, stderr)."""
-    from nmtkit.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    return stopped.value.code or 0, capsys.readouterr().err
-
-
-def assert_error(code: int, err: str, expected_code: int, *fragments: str) -> str:
-    """The run failed with ``expected_code`` and ended in exactly one ``nmtkit: error:`` line."""
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("nmtkit: error: ")]
-    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0]), err
-    assert code == expected_code, err
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
+from conftest import recipe_in, reversal_pairs, write_prepared
+from support.cli import assert_error, cli, run_cli
 
 
 # --- recipes -----------------------------------------------------------------------------------
@@ -51,14 +28,6 @@ def prepared(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("task")
     write_prepared(workdir, reversal_pairs(200, 0, length=6), reversal_pairs(20, 1, length=6))
     return workdir / "prepared"
-
-
-def recipe_in(workdir: Path, prepared: Path, **train) -> Path:
-    shutil.copytree(prepared, workdir / "prepared")
-    recipe = tiny_recipe(workdir, model=MODEL, train={"max_tokens": 200, "validate_every": 100, **train})
-    path = workdir / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    return path
 
 
 BAD_RECIPES = [  # (recipe text or None for a missing file, overrides, fragment of the message)
@@ -541,7 +510,7 @@ def test_an_os_error_without_a_file_stays_a_traceback():
 def test_no_partial_output_when_translate_fails_midway(tmp_path, tiny_spm):
     """Bad bytes on stdin's 10,001st line: the first chunk is translated, the error names
     the line, and the output file never appears (stdin is not scanned ahead like a file)."""
-    from test_translate import save_tiny_model
+    from conftest import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model", tiny_spm, seed=0)
     out = tmp_path / "out" / "hyp.txt"
@@ -567,7 +536,7 @@ FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float3
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, tiny_spm):
-    from test_translate import save_tiny_model
+    from conftest import save_tiny_model
 
     from nmtkit.modeldir import load_model_dir
 

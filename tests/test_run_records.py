@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import tiny_recipe
-from test_robustness import MODEL, cli
-from test_safe_loading import MUTATIONS, assert_one_line, copy_work, mutate, reversal_files
+from conftest import MODEL, reversal_files, tiny_recipe
+from support.cli import assert_one_line, cli
+from support.damage import MUTATIONS, copy_work, mutate
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pickle
 import re
 import shutil
@@ -20,8 +19,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import reversal_pairs, tiny_recipe, write_prepared
-from test_robustness import cli
+from conftest import reversal_files, reversal_pairs, tiny_recipe, write_prepared
+from support.cli import assert_one_line, cli
+from support.damage import MUTATIONS, Payload, copy_work, malicious_pickle, mutate
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 UNSAFE = {  # what must not appear in the package: each of these can run code from a file
@@ -42,24 +42,10 @@ def test_the_package_has_no_code_running_loaders():
     assert not found, found
 
 
-class _Payload:
-    """Unpickling this runs ``touch MARKER``."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
-def malicious_pickle(marker: Path) -> bytes:
-    return pickle.dumps(_Payload(marker))
-
-
 def malicious_torch_file(marker: Path) -> bytes:
     """What ``torch.save`` writes (a zip around a pickle); ``torch.load(weights_only=False)`` runs it."""
     buffer = io.BytesIO()
-    torch.save({"weight": _Payload(marker)}, buffer)
+    torch.save({"weight": Payload(marker)}, buffer)
     return buffer.getvalue()
 
 
@@ -67,7 +53,7 @@ def malicious_npz(marker: Path) -> bytes:
     """A real ``.npz`` whose arrays are pickled objects."""
     buffer = io.BytesIO()
     objects = np.empty(1, dtype=object)
-    objects[0] = _Payload(marker)
+    objects[0] = Payload(marker)
     np.savez(buffer, src=objects, src_offsets=objects, tgt=objects, tgt_offsets=objects)
     return buffer.getvalue()
 
@@ -188,26 +174,6 @@ def test_configs_and_vocabularies_that_are_pickles_are_refused(trained, tmp_path
 
 # --- every file nmtkit reads: truncated, flipped, another file type, a pickle ----------------------
 
-def mutate(path: Path, how: str, marker: Path) -> None:
-    """Damage ``path`` the way disks, copies and people do."""
-    data = path.read_bytes()
-    if how == "truncated":
-        path.write_bytes(data[:len(data) // 2])
-    elif how == "flipped":  # a few bytes in the middle, as a bad sector or a bit rot would
-        middle = len(data) // 2
-        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 3]) + data[middle + 3:])
-    elif how == "another file type":  # binary where text is expected and the other way round
-        other = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) if data[:1] in (b"{", b"n", b"a", b"f") or path.suffix in (
-            ".json", ".yaml", ".src", ".tgt") else json.dumps({"model": {"d_model": 16}}).encode()
-        path.write_bytes(other)
-    elif how == "pickle":
-        path.write_bytes(malicious_pickle(marker))
-    else:
-        raise ValueError(how)
-
-
-MUTATIONS = ("truncated", "flipped", "another file type", "pickle")
-
 
 def without_manifest(directory: Path, meta_file: str = "config.json") -> None:
     """Make ``directory`` look as an older nmtkit wrote it: no checksums.json, and no mention of one."""
@@ -215,14 +181,6 @@ def without_manifest(directory: Path, meta_file: str = "config.json") -> None:
     meta = json.loads((directory / meta_file).read_text())
     del meta["checksums"]
     (directory / meta_file).write_text(json.dumps(meta))
-
-
-def assert_one_line(code: int, err: str, codes: tuple[int, ...], marker: Path) -> str:
-    assert "Traceback" not in err, err
-    assert err.count("\n") == 1 and err.startswith("nmtkit: error: "), err
-    assert code in codes, err
-    assert not marker.exists()
-    return err
 
 
 @pytest.mark.parametrize("how", MUTATIONS)
@@ -331,15 +289,6 @@ def two_checkpoints(tmp_path_factory) -> Path:
     return workdir
 
 
-def copy_work(source: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of a workdir and its recipe (pointing at the copy)."""
-    work = tmp_path / "work"
-    shutil.copytree(source, work)
-    recipe = work / "recipe.yaml"
-    recipe.write_text(recipe.read_text().replace(str(source), str(work)))
-    return work, recipe
-
-
 def resume_falls_back(monkeypatch, capsys, work: Path, recipe: Path, *fragments: str) -> None:
     """``train`` skips the damaged step_4 with a warning naming it, resumes from step_2 and
     writes a sound step_4 again."""
@@ -427,17 +376,6 @@ def test_trainer_tensors_are_checked(two_checkpoints, tmp_path, monkeypatch, cap
     save_file(tensors, str(step4 / "trainer.safetensors"))
     forge_manifest(step4)
     resume_falls_back(monkeypatch, capsys, work, recipe, fragment)
-
-
-def reversal_files(root: Path) -> dict:
-    """Reversal pairs as text files (80 train, 6 dev, 6 test) under ``root``: a recipe's data.files."""
-    files: dict = {}
-    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
-                         ("test", reversal_pairs(6, 2, 5))):
-        for lang, side in (("src", 0), ("tgt", 1)):
-            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
-            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
-    return files
 
 
 @pytest.fixture(scope="module")

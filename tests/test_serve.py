@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_in_process, reversal_pairs, run_cli, sequences, tagged_model, train_tiny
+from conftest import reversal_pairs, sequences, tagged_model, train_tiny
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.translate_files import open_engine
+from support.cli import cli_in_process, run_cli
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")

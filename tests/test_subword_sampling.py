@@ -233,7 +233,7 @@ def test_dev_and_test_encoding_is_untouched_by_sampling(prepared):
 
 
 def test_killed_and_resumed_sampled_training_is_bit_identical(prepared, tmp_path):
-    from test_crash_resume import MODEL, TRAIN, assert_same_final_state, final_state, train_to_end, train_with_kills
+    from support.resume import MODEL, TRAIN, assert_same_final_state, final_state, train_to_end, train_with_kills
 
     recipes = []
     for name in ("reference", "killed"):

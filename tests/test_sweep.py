@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe
+from conftest import reversal_pairs, tiny_recipe
+from support.cli import run_cli
 
 VARIANTS = [{"name": "baseline"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -132,8 +133,8 @@ def test_damaged_sweep_records_read_as_pending_or_are_one_line(finished, monkeyp
     """A variant's results.json or sweep-run.json damaged any way: the variant reads as pending (it
     runs again) or, where the damage left a sound record, as it was; the table is still written.
     A damaged sweep.json is a one-line error for `nmtkit plot`. The files are put back after."""
-    from test_robustness import cli
-    from test_safe_loading import MUTATIONS, mutate
+    from support.cli import cli
+    from support.damage import MUTATIONS, mutate
 
     from nmtkit.models.build import parameter_counts
     from nmtkit.sweep.record import variant_status

@@ -2,53 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_cli, tiny_sentences
-from nmtkit.config import ModelConfig
+from conftest import options, save_tiny_model, tiny_sentences
 from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.batching import token_batches
 from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.translate_files import translate_file
-
-FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float32")
-
-
-def save_tiny_model(directory: Path, spm: Path, seed: int) -> Path:
-    from nmtkit.data.vocab import Vocab
-    from nmtkit.models.build import build_model
-    from nmtkit.modeldir import save_model_dir
-
-    cfg = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
-                      max_positions=64)
-    size = len(Vocab(spm))
-    torch.manual_seed(seed)
-    model = build_model(cfg, size, size)
-    with torch.no_grad():  # sharper than the default init, so outputs vary with the input
-        model.output_proj.weight.mul_(8.0)
-    return save_model_dir(model, cfg, directory, spm, spm, {"note": "random test model"})
-
-
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tiny_spm) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("model") / "model", tiny_spm, seed=0)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    from nmtkit.modeldir import load_model_dir
-
-    return [load_model_dir(model_dir)]
-
-
-def options(**kw) -> TranslateOptions:
-    return TranslateOptions(**{**FAST, **kw})
+from support.cli import run_cli
 
 
 def quiet_console() -> NmtConsole:

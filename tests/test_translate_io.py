@@ -14,14 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import tiny_sentences
+from conftest import options, tiny_sentences
 from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.errors import ConfigError
 from nmtkit.storage.partial import partial_dir
 from nmtkit.translate_files import chunk_seed, progress_key, scan_input, translate_file
-from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
 
 FLAGS = ("--beam-size", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu", "--dtype", "float32")
 

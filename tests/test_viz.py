@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import ModelConfig, TrainConfig, from_dict
 from nmtkit.runtime.console import get_console
 from nmtkit.errors import ConfigError, NmtkitError
+from support.cli import run_cli
 
 pytest.importorskip("matplotlib")
 
