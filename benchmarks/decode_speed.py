@@ -57,10 +57,10 @@ class Counting:
 def torch_translator(cfg: dict, options):
     import torch
 
-    from nmtkit.runtime.compiler import compile_decoder
-    from nmtkit.runtime.console import get_console
     from nmtkit.decoding.torch_engine import TorchEngine, load_models
     from nmtkit.decoding.translate import Translator
+    from nmtkit.runtime.compiler import compile_decoder
+    from nmtkit.runtime.console import get_console
 
     engine = TorchEngine.from_loaded(load_models([cfg["model"]], torch.device(cfg["device"])), options)
     if cfg.get("compile"):  # as translate --compile does

@@ -110,11 +110,11 @@ def main() -> None:
 
     import torch
 
-    from nmtkit.runtime.console import NmtConsole
     from nmtkit.data.vocab import train_spm
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.translate_files import translate_file
     from nmtkit.modeldir import load_model_dir
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.translate_files import translate_file
 
     torch.set_num_threads(1)
     options = TranslateOptions(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float32",

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from nmtkit import __version__
-from nmtkit.storage.checksums import MANIFEST
-from nmtkit.runtime.compiler import compile_decoder
 from nmtkit.config import DecodeConfig
 from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
 from nmtkit.modeldir import CONFIG, saved_decode
+from nmtkit.runtime.compiler import compile_decoder
+from nmtkit.storage.checksums import MANIFEST
+from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
 from nmtkit.storage.outputs import check_output_file, is_stream, open_output
 from nmtkit.storage.partial import open_partial, partial_dir
 

@@ -45,8 +45,8 @@ def setup(tmp_path_factory) -> dict:
     """A trained run (2 checkpoints, best/, metrics), references and hypotheses, a recipe whose
     data files are missing (prepare and run stop at once), a sweep file and an export."""
     from nmtkit.config import from_dict
-    from nmtkit.runtime.console import get_console
     from nmtkit.ctranslate2.export import export_ctranslate2
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     root = tmp_path_factory.mktemp("cli-options")

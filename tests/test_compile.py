@@ -69,9 +69,9 @@ def test_without_a_cpp_compiler_training_warns_once_and_runs_uncompiled(prepared
 def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepared_task, tmp_path):
     from torch._dynamo.utils import counters
 
-    from nmtkit.runtime.compiler import missing_compiler
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
     from nmtkit.modeldir import load_model_dir
+    from nmtkit.runtime.compiler import missing_compiler
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
 
     if missing_compiler(torch.device("cpu")):

@@ -11,8 +11,8 @@ import torch
 
 from conftest import sequences, tagged_model, tiny_recipe, write_pairs
 from nmtkit.config import from_dict, load_config
-from nmtkit.runtime.console import NmtConsole
 from nmtkit.errors import ConfigError
+from nmtkit.runtime.console import NmtConsole
 from support.cli import cli_in_process
 
 REPO = Path(__file__).resolve().parent.parent

@@ -76,8 +76,8 @@ def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
 
 def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_path, monkeypatch, capsys):
     from nmtkit.runtime.console import get_console
-    from nmtkit.translate_files import saved_decode_settings as decode_settings_of
     from nmtkit.training.trainer import train
+    from nmtkit.translate_files import saved_decode_settings as decode_settings_of
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
     decode = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 1.5, "max_len_b": 9, "min_len": 2, "batch_tokens": 800}

@@ -14,8 +14,8 @@ import yaml
 
 from conftest import reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
 from nmtkit.config import from_dict, load_config
-from nmtkit.runtime.console import NmtConsole
 from nmtkit.errors import ConfigError, DataError
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.specials import UNK
 from support.cli import cli_in_process
 

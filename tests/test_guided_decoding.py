@@ -13,13 +13,13 @@ import torch
 
 from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
-from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.guides import Guide, GuideFiles
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import beam_search, greedy_search, sample
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
 from nmtkit.errors import ConfigError, DataError
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.translate_files import translate_file
 from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
 

@@ -185,8 +185,8 @@ def test_a_split_writer_that_fails_to_start_leaves_no_parts(tmp_path, monkeypatc
     while making them (too many open files, a signal) removes the ones already made."""
     import numpy as np
 
-    from nmtkit.storage import files
     from nmtkit.data.ids import SplitWriter, load_split
+    from nmtkit.storage import files
 
     real_create, made = files._create, []
 
@@ -222,8 +222,8 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
 
 
 def test_a_read_only_output_is_refused(tmp_path, monkeypatch):
-    from nmtkit.storage import outputs
     from nmtkit.errors import ConfigError
+    from nmtkit.storage import outputs
 
     locked = tmp_path / "locked.txt"
     locked.write_text("keep\n")
@@ -584,10 +584,10 @@ def test_translate_file_on_any_bytes(tiny_model, tmp_path_factory, lines, ending
     """One output line per input line (CRLF, a missing final newline, U+2028 and NUL inside
     lines included); invalid UTF-8 is replaced, or is an error naming its first line that
     leaves no output file."""
-    from nmtkit.runtime.console import NmtConsole
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.translate_files import translate_file
     from nmtkit.errors import DataError
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.translate_files import translate_file
 
     model_dir, loaded = tiny_model
     content = b"\n".join(lines) + (ending if lines else b"")

@@ -22,8 +22,8 @@ from support.damage import MUTATIONS, copy_work, mutate
 def finished(tmp_path_factory) -> Path:
     """A work directory after ``nmtkit run`` of a tiny files recipe (recipe.yaml beside it)."""
     from nmtkit.config import from_dict
-    from nmtkit.runtime.console import get_console
     from nmtkit.pipeline import run_recipe
+    from nmtkit.runtime.console import get_console
 
     root = tmp_path_factory.mktemp("records")
     recipe = tiny_recipe(root / "work", model=MODEL, data={"files": reversal_files(root)},

@@ -382,8 +382,8 @@ def test_trainer_tensors_are_checked(two_checkpoints, tmp_path, monkeypatch, cap
 def prepared_by_prepare(tmp_path_factory) -> Path:
     """A workdir prepared by ``nmtkit prepare`` itself (so prepared/ has its checksums.json)."""
     from nmtkit.config import from_dict
-    from nmtkit.runtime.console import get_console
     from nmtkit.data.prepare import prepare
+    from nmtkit.runtime.console import get_console
 
     root = tmp_path_factory.mktemp("prep")
     files = reversal_files(root)

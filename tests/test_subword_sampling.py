@@ -14,11 +14,11 @@ import yaml
 
 from conftest import tiny_recipe, tiny_sentences
 from nmtkit.config import from_dict
-from nmtkit.runtime.console import get_console
 from nmtkit.data.ids import ParallelIds, flatten, load_split
 from nmtkit.data.subword_sampling import SubwordSampler, sentence_seeds
 from nmtkit.data.vocab import Vocab, train_spm
 from nmtkit.errors import ConfigError
+from nmtkit.runtime.console import get_console
 
 
 def word_pairs(n: int, seed: int) -> list[tuple[str, str]]:

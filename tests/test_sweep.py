@@ -88,10 +88,10 @@ def test_two_variants_share_one_prepare(finished):
 
 
 def test_results_columns_and_p_values(finished):
-    from nmtkit.storage.files import read_lines
-    from nmtkit.models.build import build_model, parameter_table
     from nmtkit.config import load_config
+    from nmtkit.models.build import build_model, parameter_table
     from nmtkit.scoring.significance import paired_test
+    from nmtkit.storage.files import read_lines
 
     root, _, sweep_dir, result = finished
     results = results_of(sweep_dir)

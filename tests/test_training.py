@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import TrainConfig, from_dict
-from nmtkit.runtime.console import get_console
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
+from nmtkit.runtime.console import get_console
 from nmtkit.specials import BOS, EOS, PAD
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.schedule import learning_rate

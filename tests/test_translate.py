@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import options, save_tiny_model, tiny_sentences
-from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.batching import token_batches
 from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.translate_files import translate_file
 from support.cli import run_cli
 

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import options, tiny_sentences
-from nmtkit.runtime.console import NmtConsole
 from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.errors import ConfigError
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.storage.partial import partial_dir
 from nmtkit.translate_files import chunk_seed, progress_key, scan_input, translate_file
 

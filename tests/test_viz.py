@@ -12,8 +12,8 @@ import torch
 
 from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import ModelConfig, TrainConfig, from_dict
-from nmtkit.runtime.console import get_console
 from nmtkit.errors import ConfigError, NmtkitError
+from nmtkit.runtime.console import get_console
 from support.cli import run_cli
 
 pytest.importorskip("matplotlib")

@@ -33,11 +33,11 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from nmtkit.storage.checksums import MANIFEST, write_manifest
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.storage.files import atomic_write_text, replace_directory, temp_beside
 from nmtkit.modeldir import load_model_dir
 from nmtkit.models.positions import ROPE_BASE
+from nmtkit.storage.checksums import MANIFEST, write_manifest
+from nmtkit.storage.files import atomic_write_text, replace_directory, temp_beside
 
 UNSUPPORTED = {  # setting -> why CTranslate2's TransformerSpec cannot hold it (ctranslate2 4.x)
     "positions=alibi": "its TransformerEncoderSpec has no ALiBi (only its decoder does)",

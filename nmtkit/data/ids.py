@@ -25,8 +25,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from nmtkit.storage.checksums import verify
 from nmtkit.errors import DataError
+from nmtkit.storage.checksums import verify
 from nmtkit.storage.files import atomic_open, temp_beside
 
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")

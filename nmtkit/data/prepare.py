@@ -48,20 +48,20 @@ from pathlib import Path
 
 import numpy as np
 
-from nmtkit.storage.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, save_config
 from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder, Tally, encode_split
-from nmtkit.data.ids import SplitWriter
 from nmtkit.data.identity import changes, identity, prepared_settings, read_record
-from nmtkit.data.summary import counts_text, print_summary
+from nmtkit.data.ids import SplitWriter
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
+from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
 from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
+from nmtkit.storage.checksums import MANIFEST, write_manifest
 from nmtkit.storage.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
 

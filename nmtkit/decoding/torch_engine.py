@@ -20,10 +20,10 @@ import torch
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sample
-from nmtkit.runtime.device import resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
-from nmtkit.storage.files import sha256_file
 from nmtkit.models.base import Seq2Seq
+from nmtkit.runtime.device import resolve_device, resolve_dtype
+from nmtkit.storage.files import sha256_file
 
 
 def inference_dtype(name: str, device: torch.device) -> torch.dtype:

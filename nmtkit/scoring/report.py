@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nmtkit.errors import ConfigError
-from nmtkit.storage.files import decode_line, read_lines
 from nmtkit.scoring.metrics import METRICS, check_line_counts, corpus_scores
+from nmtkit.storage.files import decode_line, read_lines
 
 STDIN_NAME = "<stdin>"
 

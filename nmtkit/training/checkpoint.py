@@ -22,8 +22,8 @@ import torch
 
 from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
-from nmtkit.storage.files import atomic_write_text, sha256_file
 from nmtkit.storage.checksums import verify
+from nmtkit.storage.files import atomic_write_text, sha256_file
 from nmtkit.modeldir import (check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
                              read_weights, save_model_dir, state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir

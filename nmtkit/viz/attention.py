@@ -156,8 +156,8 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     import json
 
     from nmtkit.decoding.translate import target_tag_for
-    from nmtkit.runtime.device import resolve_device
     from nmtkit.modeldir import CONFIG, load_model_dir, saved_decode
+    from nmtkit.runtime.device import resolve_device
 
     if fmt not in ("png", "json"):
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")

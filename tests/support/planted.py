@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-import nmtkit.data.prepare as prep
 from nmtkit.config import load_config
+import nmtkit.data.prepare as prep
 from nmtkit.runtime.console import NmtConsole
 
 
