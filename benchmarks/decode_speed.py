@@ -57,8 +57,8 @@ class Counting:
 def torch_translator(cfg: dict, options):
     import torch
 
-    from nmtkit.compiler import compile_decoder
-    from nmtkit.console import get_console
+    from nmtkit.runtime.compiler import compile_decoder
+    from nmtkit.runtime.console import get_console
     from nmtkit.decoding.torch_engine import TorchEngine, load_models
     from nmtkit.decoding.translate import Translator
 
@@ -202,7 +202,7 @@ def measure(cfg: dict) -> dict:
 
 
 def child(cfg: dict) -> None:
-    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
+    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
 
     keep_freed_memory()  # as the nmtkit CLI does
     bound_onednn_cache()

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as torch_dist
 
 from nmtkit.config import load_config
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 from nmtkit.training import trainer
 
 

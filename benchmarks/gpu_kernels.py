@@ -13,7 +13,7 @@ import torch
 
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.search import greedy_search
-from nmtkit.device import autocast
+from nmtkit.runtime.device import autocast
 from nmtkit.models.build import build_model
 from nmtkit.specials import BOS, PAD
 from nmtkit.training.loss import TrainingLoss

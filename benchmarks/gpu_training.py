@@ -17,7 +17,7 @@ import torch
 import common
 from nmtkit.config import Config, ModelConfig, load_config
 from nmtkit.data.batching import Batch, make_batches
-from nmtkit.device import autocast
+from nmtkit.runtime.device import autocast
 from nmtkit.models.build import build_model
 from nmtkit.specials import BOS, EOS, PAD
 from nmtkit.training.loss import TrainingLoss, label_smoothed_loss

@@ -49,7 +49,7 @@ def invariant_differences(model, vocab: int, device: torch.device, dtype: torch.
     """The largest absolute logit difference of each invariant for ``model`` (in eval mode) on
     ``device`` under autocast ``dtype``: incremental vs full forward, batched vs one by one,
     padded to a larger width vs unpadded. Three sentences of different lengths."""
-    from nmtkit.device import autocast
+    from nmtkit.runtime.device import autocast
 
     srcs, tgts = sentences(3, [7, 3, 5], vocab), targets(4, [5, 2, 6], vocab)
     src, tgt = pad(srcs).to(device), pad(tgts).to(device)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import REPO, child_env, load_average, machine, python
 
-from nmtkit.files import atomic_write_text
+from nmtkit.storage.files import atomic_write_text
 
 
 def nmtkit(*args: str, threads: int) -> str:

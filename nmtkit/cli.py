@@ -76,9 +76,9 @@ def _main(
 ) -> None:
     _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
     _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
-    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
+    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
 
-    keep_freed_memory()  # before the first large tensor: see allocator.py
+    keep_freed_memory()  # before the first large tensor: see runtime/allocator.py
     bound_onednn_cache()  # before torch loads oneDNN (no command has imported it yet)
 
 
@@ -96,7 +96,7 @@ def _refuse_unused(ctx: typer.Context, rules: list) -> None:
 
 
 def _console():
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
 
     return get_console(_state["verbosity"])
 
@@ -131,79 +131,37 @@ def train(
 
 
 @app.command(cls=_Command)
-def translate(
-    ctx: typer.Context,
-    model: List[Path] = opts.MODEL,
-    input: Optional[Path] = opts.INPUT,
-    output: Optional[str] = opts.OUTPUT,
-    beam_size: Optional[int] = opts.BEAM_SIZE,
-    lenpen: Optional[float] = opts.LENPEN,
-    max_len_a: Optional[float] = opts.MAX_LEN_A,
-    max_len_b: Optional[int] = opts.MAX_LEN_B,
-    min_len: Optional[int] = opts.MIN_LEN,
-    nbest: int = opts.NBEST,
-    batch_tokens: Optional[int] = opts.BATCH_TOKENS,
-    device: str = opts.DEVICE,
-    dtype: str = opts.DTYPE,
-    scores: bool = opts.SCORES,
-    alignments: bool = opts.ALIGNMENTS,
-    alignment_units: str = opts.ALIGNMENT_UNITS,
-    sample: bool = opts.SAMPLE,
-    topk: int = opts.TOPK,
-    topp: float = opts.TOPP,
-    temperature: float = opts.TEMPERATURE,
-    seed: int = opts.SEED,
-    errors: str = opts.ERRORS,
-    engine: str = opts.ENGINE,
-    compile: bool = opts.COMPILE,
-    prefix_file: Optional[Path] = opts.PREFIX_FILE,
-    constraints: Optional[Path] = opts.CONSTRAINTS,
-    target_lang: str = opts.TARGET_LANG,
-    stream: bool = opts.STREAM,
-    chunk_lines: int = opts.CHUNK_LINES,
-    max_source_len: int = opts.MAX_SOURCE_LEN,
-) -> None:
+@opts.option_groups
+def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, files: opts.FileFlags,
+              decode_flags: opts.DecodeFlags, call: opts.CallFlags) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
     from nmtkit.decoding.guides import GuideFiles
-    from nmtkit.translation import resolve_options, translate_file
+    from nmtkit.translate_files import resolve_options, translate_file
 
-    _refuse_unused(ctx, [("topk", not sample, "applies to --sample only"),
-                         ("topp", not sample, "applies to --sample only"),
-                         ("temperature", not sample, "applies to --sample only"),
-                         ("seed", not sample, "applies to --sample only (beam search is deterministic)"),
-                         ("beam_size", sample, "does not apply with --sample, which draws --nbest samples"),
-                         ("chunk_lines", stream, "does not apply with --stream, which translates each line alone"),
-                         ("alignment_units", not alignments, "applies to --alignments only")])
-    flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                 batch_tokens=batch_tokens)
-    options = resolve_options(
-        model, flags, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
-        alignment_units=alignment_units, stream=stream, chunk_lines=chunk_lines, max_source_len=max_source_len,
-        sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
-        compile=compile, target_lang=target_lang,
-    )
-    translate_file([str(m) for m in model], input, output, options, _console(), GuideFiles(prefix_file, constraints))
+    _refuse_unused(ctx, [("topk", not call.sample, "applies to --sample only"),
+                         ("topp", not call.sample, "applies to --sample only"),
+                         ("temperature", not call.sample, "applies to --sample only"),
+                         ("seed", not call.sample, "applies to --sample only (beam search is deterministic)"),
+                         ("beam_size", call.sample, "does not apply with --sample, which draws --nbest samples"),
+                         ("chunk_lines", call.stream, "does not apply with --stream, which translates each line alone"),
+                         ("alignment_units", not call.alignments, "applies to --alignments only")])
+    options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags, call))
+    translate_file([str(m) for m in model], files.input, files.output, options, _console(),
+                   GuideFiles(files.prefix_file, files.constraints))
 
 
 _LIMITS = Limits()  # the server's request limits, defined once
 
 
 @app.command(cls=_Command)
+@opts.option_groups
 def serve(
-    model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble; ctranslate2: an export)."),
+    model: opts.Models,
+    run_flags: opts.RunFlags,
+    decode_flags: opts.DecodeFlags,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, printed at start)."),
-    engine: str = typer.Option(opts.DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
-    device: str = opts.DEVICE,
-    dtype: str = opts.DTYPE,
-    beam_size: Optional[int] = opts.BEAM_SIZE,
-    lenpen: Optional[float] = opts.LENPEN,
-    max_len_a: Optional[float] = opts.MAX_LEN_A,
-    max_len_b: Optional[int] = opts.MAX_LEN_B,
-    min_len: Optional[int] = opts.MIN_LEN,
-    batch_tokens: Optional[int] = opts.decode_flag("batch_tokens", "Source tokens x beam per model call (requests "
-                                                   "are collected up to it)"),
     batch_window_ms: float = typer.Option(5.0, "--batch-window-ms", help="How long the first waiting request waits for others to join its batch."),
     max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
@@ -216,9 +174,6 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="NMTKIT_API_KEY", show_default=False,
                                           help="Answer only requests that carry this key ('Authorization: Bearer KEY' "
                                                "or 'X-API-Key: KEY'); others get 401."),
-    target_lang: str = typer.Option(opts.DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
-                                    help="A multilingual model: the language to translate into when a request "
-                                         "gives no target_lang (as translate --target-lang)."),
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health, /info, /metrics (needs the serve extra).
     A request's decode settings default to these flags, else to the model's saved ones, as in translate."""
@@ -226,13 +181,11 @@ def serve(
 
     require_http_stack()
     from nmtkit.serving.app import serve as run_server
-    from nmtkit.translation import resolve_options
+    from nmtkit.translate_files import resolve_options
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
                     max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout)
-    flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                 batch_tokens=batch_tokens)
-    options = resolve_options(model, flags, engine=engine, device=device, dtype=dtype, target_lang=target_lang)
+    options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags))
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
                verbose=_state["verbosity"] > 0, api_key=api_key)
 
@@ -316,7 +269,7 @@ def sweep(
 @app.command(cls=_Command)
 def verses(
     module: str = typer.Argument(..., help="Installed SWORD module, e.g. KJV (Debian sword-text-kjv).", show_default=False),
-    output: Optional[str] = opts.OUTPUT,
+    output: opts.Output = None,
     exclude: List[Path] = typer.Option([], "--exclude", metavar="<prepared dir>", show_default=False,
                                        help="Leave out the dev and test verses of this prepared/ directory "
                                             "(repeatable): another translation of them would leak their meaning."),
@@ -400,7 +353,7 @@ def attention(
     size: Optional[str] = typer.Option(None, "--size", help="Image size WIDTHxHEIGHT in pixels (default: fits the sentence).",
                                        show_default=False),
     device: str = typer.Option("cpu", "--device", help="auto, cpu, cuda or cuda:N."),
-    target_lang: str = opts.TARGET_LANG,
+    target_lang: opts.TargetLang = opts.DEFAULTS.target_lang,
 ) -> None:
     """Translate one sentence as translate does and show its source x target attention (SentencePiece pieces)."""
     from nmtkit.viz.attention import attention_command

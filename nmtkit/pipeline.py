@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from nmtkit.config import Config
-from nmtkit.files import atomic_write_text, read_json_dict, read_lines, sha256_file
+from nmtkit.storage.files import atomic_write_text, read_json_dict, read_lines, sha256_file
 from nmtkit.workdir import RunDir, WorkDir
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.files import atomic_write_text
 from nmtkit.recipe_text import safe_yaml
+from nmtkit.storage.files import atomic_write_text
 from nmtkit.workdir import RunDir, WorkDir
 
 

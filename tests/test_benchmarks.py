@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from conftest import reversal_pairs, tiny_recipe, write_prepared
+from support.cli import run_cli
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

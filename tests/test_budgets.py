@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import ModelConfig
 from nmtkit.config.loading import from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 from nmtkit.models.build import build_model
 from nmtkit.models.flops import flop_count
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support.cli import run_cli
 
 HAS_COMET = importlib.util.find_spec("comet") is not None
 SOURCES = ["el gato se sentó", "la casa es roja", "mañana llueve", "el perro come", "hola mundo"]
@@ -130,7 +130,7 @@ def test_run_scores_dev_and_test_with_comet_from_the_recipe(tmp_path):
     from conftest import reversal_pairs, tiny_recipe
 
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.pipeline import run_recipe
 
     model_dir = build_tiny_comet(tmp_path / "comet")

@@ -129,7 +129,7 @@ def test_ranks_end_identical_and_rank0_checkpoints_them(two_processes):
 
 def test_two_processes_equal_one_process_accumulating_twice(two_processes, prepared, tmp_path):
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     _, rank0, _ = two_processes
@@ -184,8 +184,8 @@ def test_stopped_two_process_run_resumes_to_the_same_weights(two_processes, prep
 
 def test_batches_per_update_fixes_the_global_batch(monkeypatch, prepared, tmp_path):
     from nmtkit.config import TrainConfig, from_dict
-    from nmtkit.console import NmtConsole
     from nmtkit.errors import ConfigError
+    from nmtkit.runtime.console import NmtConsole
     from nmtkit.training import distributed as dist
     from nmtkit.training.trainer import train
 
@@ -219,9 +219,9 @@ def test_a_repeated_signal_within_two_seconds_is_one_stop_request():
 def test_compiled_two_process_run_matches_an_uncompiled_single_process(prepared, tmp_path):
     """train.compile under DDP: the compiled module sits inside DDP, so its gradient hooks and
     no_sync work as uncompiled (same model dims as tests/test_compile.py: inductor's cache serves both)."""
-    from nmtkit.compiler import missing_compiler
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.compiler import missing_compiler
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     if missing_compiler(torch.device("cpu")):
@@ -256,7 +256,7 @@ def test_a_process_group_of_one_joined_by_the_caller_trains_under_ddp(monkeypatc
     from torch.nn.parallel import DistributedDataParallel
 
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training import distributed as dist
     from nmtkit.training import trainer
 

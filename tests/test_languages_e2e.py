@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import reversal_pairs, run_cli, tiny_recipe
+from conftest import reversal_pairs, tiny_recipe
+from support.cli import run_cli
 
 from nmtkit.config import from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 from nmtkit.scoring.metrics import corpus_scores
 
 # never in any training text: Devanagari (a block no training character comes from), CJK, emoji

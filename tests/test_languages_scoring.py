@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from support.cli import run_cli
 
 from nmtkit.errors import ConfigError
 from nmtkit.scoring.metrics import corpus_scores, default_tokenizer, segment_scores

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_in_process, concurrently, reversal_pairs, run_cli, sequences, tagged_model, train_tiny
+from conftest import concurrently, reversal_pairs, sequences, tagged_model, train_tiny
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
-from nmtkit.translation import open_engine
+from nmtkit.translate_files import open_engine
+from support.cli import cli_in_process, run_cli
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -183,12 +184,12 @@ def options_of(monkeypatch, capsys, command: str, *args: str) -> TranslateOption
     """The options ``nmtkit COMMAND ARGS`` (serve or translate) runs under, caught where the
     command hands them to its core function (so no server starts and nothing is translated)."""
     import nmtkit.serving.app
-    import nmtkit.translation
+    import nmtkit.translate_files
 
     caught = {}
     with monkeypatch.context() as patch:
         patch.setattr(nmtkit.serving.app, "serve", lambda dirs, options, *rest, **kw: caught.update(options=options))
-        patch.setattr(nmtkit.translation, "translate_file",
+        patch.setattr(nmtkit.translate_files, "translate_file",
                       lambda dirs, source, out, options, *rest: caught.update(options=options))
         code, _, err = cli_in_process(patch, capsys, command, *args)
     assert code == 0, err

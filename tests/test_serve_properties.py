@@ -90,7 +90,7 @@ def served(tmp_path_factory, reversal_spm):
 
     from nmtkit.serving.app import create_app, serving_card
     from nmtkit.serving.batcher import Batcher
-    from nmtkit.translation import open_engine
+    from nmtkit.translate_files import open_engine
 
     model_dir = str(train_tiny(reversal_spm, tmp_path_factory.mktemp("properties") / "model", steps=40))
     options = TranslateOptions(device="cpu", dtype="float32")

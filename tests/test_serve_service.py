@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_in_process, concurrently, reversal_pairs, train_tiny
+from conftest import concurrently, reversal_pairs, train_tiny
+from support.cli import cli_in_process
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.errors import ConfigError
-from nmtkit.translation import open_engine
+from nmtkit.translate_files import open_engine
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import reversal_pairs, run_cli
+from conftest import reversal_pairs
+from support.cli import run_cli
 from test_sweep import ENV, results_of, sweep_cli, write_sweep, write_task
 
 VARIANTS = [{"name": "base"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]

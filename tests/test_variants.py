@@ -226,7 +226,8 @@ def test_translating_a_source_longer_than_max_positions(positions, tiny_spm, tmp
 def test_position_tables_refuse_long_training_sentences(tmp_path, positions):
     import yaml
 
-    from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+    from conftest import reversal_pairs, tiny_recipe, write_prepared
+    from support.cli import run_cli
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=6), reversal_pairs(5, 1, length=6))
     recipe = tmp_path / "r.yaml"
@@ -375,7 +376,7 @@ def test_moe_training_logs_router_statistics_and_plots_them(tmp_path):
 
     from conftest import reversal_pairs, tiny_recipe, write_prepared
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
     from nmtkit.viz.curves import layer_series, plot_curves
 
@@ -404,7 +405,8 @@ def test_a_variant_runs_end_to_end_through_the_cli(tmp_path):
     """`nmtkit run` (prepare, train, average, translate, score), then `info`, `translate`, `--dry-run`."""
     import json
 
-    from conftest import reversal_pairs, run_cli, tiny_recipe
+    from conftest import reversal_pairs, tiny_recipe
+    from support.cli import run_cli
 
     files = {}
     for split, pairs in (("train", reversal_pairs(200, 0, length=5)), ("dev", reversal_pairs(8, 1, length=5)),

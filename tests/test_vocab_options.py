@@ -11,7 +11,7 @@ import pytest
 from test_prepare_steps import recipe, splits  # noqa: F401 (fixtures)
 
 from nmtkit.config import Config, from_dict, load_config
-from nmtkit.console import NmtConsole
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.data import prepare as prep
 from nmtkit.data.identity import prepared_settings, settings_changes, with_defaults
 from nmtkit.data.vocab import Vocab, train_spm

@@ -192,7 +192,7 @@ def save_config(cfg: Config, path: str | Path, only_ours: bool = False) -> None:
     user's recipe named config.yaml in ``workdir: .``) is not replaced."""
     import yaml
 
-    from nmtkit.files import write_text_if_changed
+    from nmtkit.storage.files import write_text_if_changed
 
     tree = _plain(cfg.to_dict())
     path = Path(path)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from nmtkit.data.ids import ParallelIds
-from nmtkit.files import atomic_write_text, sha256_file
+from nmtkit.storage.files import atomic_write_text, sha256_file
 
 
 def prepared_settings(cfg) -> dict:

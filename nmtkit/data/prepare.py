@@ -11,7 +11,7 @@ Work-dir layout (training, translation and scoring rely on it):
       {train,dev,test}.npz           token ids (nmtkit.data.ids), memory-mapped by `train`
       manifest.json                  source, provenance, line counts and sha256 per file (of
                                      the text, for .gz), cleaning counts, vocab sizes, token counts
-      checksums.json                 size and sha256 of every file above (nmtkit.checksums);
+      checksums.json                 size and sha256 of every file above (nmtkit.storage.checksums);
                                      readers verify what they read against it
       stamps/{fetch,spm,encode}.json what each step was made from
 
@@ -48,21 +48,21 @@ from pathlib import Path
 
 import numpy as np
 
-from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, save_config
 from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder, Tally, encode_split
-from nmtkit.data.ids import SplitWriter
 from nmtkit.data.identity import changes, identity, prepared_settings, read_record
-from nmtkit.data.summary import counts_text, print_summary
+from nmtkit.data.ids import SplitWriter
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
+from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
 from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import atomic_open, exclusive, sha256_file, write_text_if_changed
+from nmtkit.storage.checksums import MANIFEST, write_manifest
+from nmtkit.storage.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from nmtkit.data.sources import sword
 from nmtkit.errors import ConfigError
-from nmtkit.files import read_json_dict
-from nmtkit.outputs import check_output_file, open_output
+from nmtkit.storage.files import read_json_dict
+from nmtkit.storage.outputs import check_output_file, open_output
 
 
 def heldout_refs(prepared: Path) -> tuple[set[str], set[str]]:

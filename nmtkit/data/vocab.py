@@ -13,10 +13,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from nmtkit.checksums import verify
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import shown_path
 from nmtkit.specials import EOS, PAD, SPM_SPECIAL_IDS, UNK
+from nmtkit.storage.checksums import verify
+from nmtkit.storage.files import shown_path
 
 TARGET_TAG = re.compile(r"<2[^\s>]+>")  # a target-language tag: <2es> asks for Spanish
 

@@ -5,7 +5,7 @@ batches, searched by an engine, put back in input order and detokenised. Empty a
 whitespace-only lines give empty translations without running the model; lines over the
 model's positions are truncated (one warning counts them). A line may come with a target
 prefix and constraints (``guides.py``); a batch holding none of them runs the plain search.
-Files and streams: ``nmtkit/translation.py``.
+Files and streams: ``nmtkit/translate_files.py``.
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from nmtkit.config import ModelConfig
 from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq
 from nmtkit.models.layers import Attention, make_norm, sdpa
 from nmtkit.models.moe import MoEFeedForward, make_ffn
@@ -60,7 +61,7 @@ def feed_forward(ffn: nn.Module, x: Tensor, keep: Optional[Tensor], router_stats
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_size)
         self.ffn = make_ffn(cfg, index, "encoder")
@@ -75,7 +76,7 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_size)
         self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True, key_dim=cfg.key_size)
@@ -126,7 +127,7 @@ def cross_mask(enc: TransformerEncoderOut) -> Optional[Tensor]:
 
 
 class Transformer(Seq2Seq):
-    def __init__(self, cfg, src_vocab_size: int, tgt_vocab_size: int) -> None:
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model

@@ -13,9 +13,9 @@ from typing import Any, Optional, Sequence
 
 from nmtkit.config.schema import SCORE_METRICS
 from nmtkit.errors import ConfigError
-from nmtkit.files import decode_line, read_lines
+from nmtkit.storage.files import decode_line, read_lines
 from nmtkit.limits import check_range
-from nmtkit.outputs import check_output_file, open_output
+from nmtkit.storage.outputs import check_output_file, open_output
 from nmtkit.scoring.metrics import (DEFAULT_METRICS, check_line_counts, check_tokenizer, corpus_scores,
                                     resolve_tokenizer, segment_scores)
 

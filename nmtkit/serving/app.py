@@ -191,7 +191,7 @@ def card_text(card: dict[str, Any]) -> str:
 def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: float) -> dict[str, Any]:
     """The model card plus how this server runs it (engine, limits, decode defaults)."""
     from nmtkit.card import model_card
-    from nmtkit.translation import resolve_engine
+    from nmtkit.translate_files import resolve_engine
 
     card = model_card(model_dirs[0])
     defaults = {f: getattr(options, f) for f in ("beam_size", "nbest", "lenpen", "max_len_a", "max_len_b", "min_len",
@@ -223,7 +223,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
     with ``api_key``, only requests that carry it."""
     import uvicorn
 
-    from nmtkit.translation import open_engine
+    from nmtkit.translate_files import open_engine
 
     options.validate()
     limits.check(options.beam_size, **{name: getattr(options, name) for name in ("lenpen", "max_len_a", "max_len_b", "min_len")})

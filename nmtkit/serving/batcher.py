@@ -45,7 +45,7 @@ class Job:
 class Batcher:
     """``submit`` from any thread; the worker thread answers each job's future with a
     JSON-ready dict (``answer``) or the exception its translation raised. ``engine`` is a
-    loaded engine (``nmtkit.translation.open_engine``), ``base`` the server's options;
+    loaded engine (``nmtkit.translate_files.open_engine``), ``base`` the server's options;
     jobs join while their shapes' joint estimate is at most ``max_search_bytes`` (None: no
     bound); every translator call is counted in ``metrics``."""
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from nmtkit.errors import ConfigError
-from nmtkit.files import atomic_write_text, read_json_dict
+from nmtkit.storage.files import atomic_write_text, read_json_dict
 from nmtkit.sweep.spec import VARIANT_NAME, Sweep, variant_dir
 from nmtkit.workdir import WorkDir
 

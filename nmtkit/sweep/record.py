@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from nmtkit.files import read_json_dict
+from nmtkit.storage.files import read_json_dict
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir
 

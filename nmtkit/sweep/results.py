@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nmtkit.errors import DataError
-from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED
+from nmtkit.storage.files import atomic_write_text, read_lines
 from nmtkit.sweep.record import read_record, read_results, variant_status
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, exclusive
+from nmtkit.storage.files import atomic_write_text, exclusive
 from nmtkit.sweep.plan import write_plan
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
-from nmtkit.files import read_lines
+from nmtkit.storage.files import read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED, paired_runs_test, sign_test
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir

@@ -22,8 +22,8 @@ import torch
 
 from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, sha256_file
-from nmtkit.checksums import verify
+from nmtkit.storage.checksums import verify
+from nmtkit.storage.files import atomic_write_text, sha256_file
 from nmtkit.modeldir import (check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
                              read_weights, save_model_dir, state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir
@@ -271,7 +271,7 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     after that step, so one long run gives the model a shorter run would have ended with
     (a learning curve without retraining; exact for schedules that do not depend on max_steps)."""
     from nmtkit.modeldir import load_model_dir, model_dir_problem
-    from nmtkit.outputs import check_output_dir
+    from nmtkit.storage.outputs import check_output_dir
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -66,7 +66,7 @@ def rank_console(console):
     """``console`` on rank 0; a silent one elsewhere, so N processes print one log."""
     if is_main():
         return console
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
 
     quiet = get_console(console.verbosity)
     quiet.quiet = True

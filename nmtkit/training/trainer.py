@@ -20,18 +20,18 @@ from typing import Optional
 import numpy as np
 import torch
 
-from nmtkit.compiler import maybe_compile
 from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.mixing import corpus_weights, epoch_pairs
 from nmtkit.decoding.options import TranslateOptions
-from nmtkit.device import autocast, resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
 from nmtkit.modeldir import save_model_dir
 from nmtkit.models.build import build_model
 from nmtkit.models.flops import flop_count
 from nmtkit.runlog import MetricsLog, summary_writer_class
-from nmtkit.threads import configure_threads
+from nmtkit.runtime.compiler import maybe_compile
+from nmtkit.runtime.device import autocast, resolve_device, resolve_dtype
+from nmtkit.runtime.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint
 from nmtkit.training.ema import ema_weights, restored_ema, update_ema

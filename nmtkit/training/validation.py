@@ -16,8 +16,8 @@ import torch
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import ParallelIds
 from nmtkit.data.vocab import Vocab
-from nmtkit.device import autocast
 from nmtkit.models.base import Seq2Seq
+from nmtkit.runtime.device import autocast
 from nmtkit.training.loss import projected_smoothed_loss
 
 

@@ -26,11 +26,12 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from nmtkit.config import SourceConfig
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.sources.osis import osis_to_text
 from nmtkit.data.sources.resplit import split_rng
 from nmtkit.errors import DataError
-from nmtkit.files import shown_path
+from nmtkit.storage.files import shown_path
 
 # The Debian packages that ship the modules the quickstart recipe uses.
 DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-sparv",
@@ -54,7 +55,7 @@ def fingerprint(data) -> dict:
     return found if data.sword_testament == "all" else {**found, "testament": data.sword_testament}
 
 
-def read(data, split_seed: int = 0) -> Corpus:
+def read(data: SourceConfig, split_seed: int = 0) -> Corpus:
     """Align the two modules verse by verse and hold out dev and test verses from every book:
     evenly spread (split 0), or drawn at random by ``split_seed``."""
     refs, pairs, dropped, modules = aligned_verses(Path(data.sword_path), data.sword_src, data.sword_tgt)
