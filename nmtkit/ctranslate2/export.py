@@ -11,14 +11,15 @@ The weights go straight from our modules into CTranslate2's Python spec
 How our Transformer maps onto the spec:
 - post-norm (the paper) or pre-norm: the spec's ``pre_norm`` flag; pre-norm stacks end in
   our final ``encoder_norm`` / ``decoder_norm``, which are the spec's ``layer_norm``.
-- sinusoidal or learned positions: our own tables are written as the spec's position
-  encodings (one per side), so no two sinusoid conventions can disagree; embeddings are
-  scaled by sqrt(d_model) in both.
+- sinusoidal (either layout) or learned positions: our own tables are written as the spec's
+  position encodings (one per side), so no two sinusoid conventions can disagree; embeddings
+  are scaled by sqrt(d_model) in both, or in neither (``embed_scale``).
 - RoPE: the spec's rotary self-attention in encoder and decoder (all head dimensions, base
   10000, the half-split pairing: ``rotary_interleave=False``); no position table.
 - fused projections line up: self-attention q|k|v is one [3D, D] matrix in both, cross-
   attention is q then a fused k|v [2D, D]; tied embeddings are aliased by CTranslate2.
-- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU or GELU (erf) FFN, or SwiGLU as a gated
+- an output bias (``output_bias``) is the projection's bias.
+- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU, GELU (erf) or SiLU FFN, or SwiGLU as a gated
   FFN whose gate half goes through SiLU ("swish").
 - vocabulary: the SentencePiece pieces in the order of our ids, so ids agree one to one;
   our specials (pad 0, unk 1, bos 2, eos 3) are named to CTranslate2 by their pieces.
@@ -105,7 +106,7 @@ def _empty_spec(cfg):
     from ctranslate2.specs import common_spec, transformer_spec
 
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swiglu": common_spec.Activation.SWISH}[cfg.ffn]
+                  "silu": common_spec.Activation.SWISH, "swiglu": common_spec.Activation.SWISH}[cfg.ffn]
     shared = dict(pre_norm=cfg.pre_norm, activation=activation, ffn_glu=cfg.ffn == "swiglu",
                   rms_norm=cfg.norm == "rmsnorm")
     if cfg.positions == "rope":  # ROPE_BASE and the half-split pairing of positions.rotate
@@ -128,11 +129,11 @@ def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
     enc, dec = spec.encoder, spec.decoder
     enc.embeddings[0].weight = _array(model.src_embed.weight)
     dec.embeddings.weight = _array(model.tgt_embed.weight)
-    enc.scale_embeddings = dec.scale_embeddings = True  # x sqrt(d_model), as Transformer._embed
+    enc.scale_embeddings = dec.scale_embeddings = cfg.embed_scale  # x sqrt(d_model) or not, as Transformer._embed
     if cfg.positions != "rope":
         enc.position_encodings.encodings = _array(model.positions.table_of("src"))
         dec.position_encodings.encodings = _array(model.positions.table_of("tgt"))
-    dec.projection.weight = _array(model.output_proj.weight)
+    _linear(dec.projection, model.output_proj)  # with its bias when model.output_bias
     if cfg.pre_norm:
         _norm(enc.layer_norm, model.encoder_norm)
         _norm(dec.layer_norm, model.decoder_norm)
