@@ -121,6 +121,7 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
     """Everything ``nmtkit info`` shows, as one JSON-ready dict. The model directory must be
     sound; a damaged run config or data manifest beside it is left out, said through ``warn``."""
     from nmtkit.ctranslate2.export import META as EXPORT_META
+    from nmtkit.data.mapped_vocab import vocab_files
     from nmtkit.modeldir import model_config_from_meta, read_meta
 
     model_dir = Path(model_dir)
@@ -130,7 +131,7 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
         return export_card(model_dir, warn)
     meta = read_meta(model_dir)
     model_config_from_meta(meta, model_dir / "config.json")
-    verify(model_dir, sorted(set(meta["spm"].values())), CheckpointError)
+    verify(model_dir, vocab_files(meta), CheckpointError)
     card = basic_card(model_dir, meta)
     run_dir = find_run_dir(model_dir)
     if run_dir is None:
@@ -157,22 +158,22 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
 
 def basic_card(model_dir: Path, meta: dict) -> dict:
     """What a model's own metadata (config.json, or an export's nmtkit.json) tells."""
-    from nmtkit.data.vocab import Vocab
-    from nmtkit.modeldir import saved_decode
+    from nmtkit.data.mapped_vocab import load_vocabs
+    from nmtkit.modeldir import joint_vocab, saved_decode
 
-    spm = meta.get("spm", {})
-    src_vocab = Vocab(model_dir / spm["src"])
+    src_vocab, tgt_vocab = load_vocabs(model_dir, meta)
     return {
         "model_dir": str(model_dir),
         "architecture": architecture(meta["model"]),
         "parameters": meta.get("parameters"),
         # per token; model directories from before MoE layers existed are dense: all are active
         "active_parameters": meta.get("active_parameters", meta.get("parameters")),
-        "vocabulary": {"source": len(src_vocab), "target": len(Vocab(model_dir / spm["tgt"])),
-                       "joint": spm["src"] == spm["tgt"]},
+        "vocabulary": {"source": len(src_vocab), "target": len(tgt_vocab), "joint": joint_vocab(meta)},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
         # a multilingual model: what translate --target-lang (serve's target_lang) may name; [] for one direction
         "target_languages": src_vocab.target_languages(),
+        # an imported model: where it came from (nmtkit/pretrained/)
+        **({"imported_from": meta["imported_from"]} if isinstance(meta.get("imported_from"), dict) else {}),
         "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
         # a fine-tuned model: the model directory its training started from (training/init_from.py)
         **({"init_from": meta["init_from"]} if isinstance(meta.get("init_from"), dict) else {}),

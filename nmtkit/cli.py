@@ -386,6 +386,21 @@ def info(
     info_command(model_dir, json_out, _console().warn)
 
 
+@app.command("import", cls=_Command)
+def import_model(
+    source: str = typer.Argument(..., metavar="SRC", show_default=False,
+                                 help="A Hugging Face MarianMT directory (OPUS-MT), or a Hub id such as "
+                                      "Helsinki-NLP/opus-mt-en-de (needs huggingface_hub: nmtkit[hf])."),
+    output: str = typer.Option(..., "-o", "--output", metavar="<path>", show_default=False,
+                               help="Model directory to write; an existing directory is replaced only if it "
+                                    "is a complete nmtkit model directory."),
+) -> None:
+    """Import a pretrained MarianMT model: translate, serve, fine-tune and export it like one trained here."""
+    from nmtkit.pretrained.marian_import import import_marian
+
+    _console().info(f"wrote {import_marian(source, output)}")
+
+
 @app.command(cls=_Command)
 def export(
     model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),

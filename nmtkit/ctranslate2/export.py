@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.checksums import MANIFEST, write_manifest
+from nmtkit.data.mapped_vocab import vocab_files
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.files import atomic_write_text, replace_directory, temp_beside
 from nmtkit.modeldir import load_model_dir
@@ -168,7 +169,7 @@ def export_dir_problem(path: Path) -> Optional[str]:
     one, so an explicit ``-o`` may replace it)."""
     try:
         meta = json.loads((path / META).read_text(encoding="utf-8"))
-        spm = set(map(str, meta["spm"].values()))
+        spm = set(map(str, vocab_files(meta)))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return f"is not a CTranslate2 export of nmtkit (no readable {META})"
     if not (path / "model.bin").is_file():
@@ -193,16 +194,17 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         raise ConfigError(f"{model_dir}: only Transformer models export to CTranslate2 (this is {cfg.arch!r})")
     if unsupported_setting(cfg):  # before any file is written
         raise ConfigError(f"{model_dir}: cannot export to CTranslate2: {unsupported_setting(cfg)}")
-    pieces = tuple([vocab.sp.IdToPiece(i) for i in range(len(vocab))] for vocab in (loaded.src_vocab, loaded.tgt_vocab))
+    pieces = tuple(vocab.pieces(range(len(vocab))) for vocab in (loaded.src_vocab, loaded.tgt_vocab))
     spec, ct2_version = build_spec(loaded.model, pieces)
     spec.optimize(quantization=quantization)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with temp_beside(out_dir, directory=True) as tmp:
         spec.save(str(tmp))
-        for name in set(loaded.meta["spm"].values()):
+        for name in vocab_files(loaded.meta):
             shutil.copyfile(Path(model_dir) / name, tmp / name)
         meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
                 "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
+                **({"id_maps": loaded.meta["id_maps"]} if loaded.meta.get("id_maps") else {}),
                 "source_weights_sha256": loaded.meta.get("weights_sha256"),  # is the source still this model?
                 "max_positions": loaded.model.max_positions, "heads": cfg.heads,  # None: no limit (RoPE)
                 "model": loaded.meta["model"], "checksums": MANIFEST,

@@ -112,6 +112,14 @@ class Vocab:
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.sp.IdToPiece(int(i)) for i in ids]
 
+    def piece_id(self, piece: str) -> int:
+        """The id of ``piece`` (UNK when the model has no such piece)."""
+        return self.sp.PieceToId(piece)
+
+    def tag_for(self, lang: str) -> str:
+        """The tag that asks a multilingual model for ``lang``: <2es> in the models nmtkit trains."""
+        return target_tag(lang)
+
     def is_reserved(self, piece: str) -> bool:
         """Whether ``piece`` is one piece wherever it appears (a tag reserved when the model was
         trained; a learned piece would merge with its neighbours, or be split)."""
