@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from nmtkit.checksums import verify
-from nmtkit.data.vocab import Vocab
+from nmtkit.data.vocab import Vocab, load_spm
 from nmtkit.errors import DataError
 from nmtkit.specials import EOS, UNK
 
@@ -45,16 +45,8 @@ class MappedVocab(Vocab):
     """SentencePiece for splitting text, an id map for numbering its pieces (see the module doc)."""
 
     def __init__(self, spm_path: str | Path, map_path: str | Path) -> None:
-        import sentencepiece as spm
-
         self.path, self.map_path = Path(spm_path), Path(map_path)
-        if not self.path.is_file():
-            raise DataError(f"SentencePiece model not found: {self.path}")
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(str(self.path))
-        except (OSError, RuntimeError) as err:
-            raise DataError(f"{self.path}: not a valid SentencePiece model ({err})") from None
+        self.sp = load_spm(self.path)
         spec = read_id_map(self.map_path)
         self._pieces: list[str] = spec["pieces"]
         self.original_ids: list[Optional[int]] = spec["original_ids"]

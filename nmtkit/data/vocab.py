@@ -80,20 +80,26 @@ def with_tag(text: str, tag: str) -> str:
     return f"{tag} {text}" if tag else text
 
 
+def load_spm(path: Path):
+    """A SentencePieceProcessor of ``path``, or a one-line DataError."""
+    import sentencepiece as spm
+
+    if not path.is_file():
+        raise DataError(f"SentencePiece model not found: {path}")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(path))
+    except (OSError, RuntimeError) as err:
+        raise DataError(f"{path}: not a valid SentencePiece model ({err})") from None
+    return sp
+
+
 class Vocab:
     """A loaded SentencePiece model: text <-> ids without BOS/EOS."""
 
     def __init__(self, path: str | Path) -> None:
-        import sentencepiece as spm
-
         self.path = Path(path)
-        if not self.path.is_file():
-            raise DataError(f"SentencePiece model not found: {self.path}")
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(str(self.path))
-        except (OSError, RuntimeError) as err:
-            raise DataError(f"{self.path}: not a valid SentencePiece model ({err})") from None
+        self.sp = load_spm(self.path)
         if self.sp.pad_id() != PAD or self.sp.eos_id() != EOS:
             raise DataError(f"{self.path}: special ids differ from pad=0 unk=1 bos=2 eos=3")
 
