@@ -60,11 +60,12 @@ class MappedVocab(Vocab):
         return self._ids.get(piece, UNK)
 
     def encode(self, text: str) -> list[int]:
-        """A leading ``>>xx<<`` as its one id, the rest split by SentencePiece, EOS last for sources."""
+        """A leading ``>>xx<<`` as its one id, the rest split by SentencePiece, EOS last for sources
+        (but for a blank line, which nmtkit leaves untranslated)."""
         code, rest = split_language_code(text)
         ids = [self.piece_id(code)] if code else []
         ids += [self.piece_id(piece) for piece in self.sp.EncodeAsPieces(rest)]
-        return ids + [EOS] if self.append_eos else ids
+        return ids + [EOS] if self.append_eos and ids else ids  # a blank line stays blank
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
