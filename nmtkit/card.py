@@ -178,9 +178,16 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
         # a fine-tuned model: the model directory its training started from (training/init_from.py)
         **({"init_from": meta["init_from"]} if isinstance(meta.get("init_from"), dict) else {}),
         # what `translate -m` uses unless flags say otherwise; "defaults" for a model saved without them
-        "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": "recipe" if "decode" in meta else "defaults"},
+        "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": _decode_origin(meta)},
         "nmtkit_version": meta.get("nmtkit_version"),
     }
+
+
+def _decode_origin(meta: dict) -> str:
+    """Where a model's saved decode settings came from, for the card."""
+    if "decode" not in meta:
+        return "defaults"
+    return "imported generation_config" if isinstance(meta.get("imported_from"), dict) else "recipe"
 
 
 def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
@@ -246,6 +253,10 @@ def print_card(card: dict, file=None) -> None:
                   f"{decode['max_len_a']} x source + {decode['max_len_b']}, min {decode['min_len']}, "
                   f"{decode['batch_tokens']} tokens a batch (from the {decode['from']})")
     table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
+    imported = card.get("imported_from")
+    if imported:
+        revision = f", revision {imported['revision']}" if imported.get("revision") else ""
+        table.add_row("imported from", f"{imported.get('source')} ({imported.get('format')}{revision})")
     init = card.get("init_from")
     if init:
         table.add_row("started from", f"{init.get('path')} (step {_text(init.get('step'))}; fine-tuned)")

@@ -71,7 +71,10 @@ class MappedVocab(Vocab):
         return [self.encode(text) for text in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.sp.DecodePieces([self._pieces[int(i)] for i in ids if int(i) > EOS])
+        """The text of ``ids``: a piece the SentencePiece model lacks (a joint vocabulary's
+        piece of the other language) comes out as written, its "▁" a space, as MarianTokenizer does."""
+        text = self.sp.DecodePieces([self._pieces[int(i)] for i in ids if int(i) > EOS])
+        return text.replace("\u2581", " ").strip()
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self._pieces[int(i)] for i in ids]

@@ -108,5 +108,5 @@ def to_marian(state: dict, cfg, orders: dict) -> dict[str, torch.Tensor]:
     if cfg.output_bias:
         out["final_logits_bias"] = _unrows(state["output_proj.bias"], orders["tgt"])[None]
     else:
-        out["final_logits_bias"] = state["src_embed.weight"].new_zeros(1, len(orders["tgt"]) - 1)
+        out["final_logits_bias"] = state["src_embed.weight"].new_zeros(1, sum(i is not None for i in orders["tgt"]))
     return out
