@@ -159,8 +159,9 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
 def basic_card(model_dir: Path, meta: dict) -> dict:
     """What a model's own metadata (config.json, or an export's nmtkit.json) tells."""
     from nmtkit.data.mapped_vocab import load_vocabs
-    from nmtkit.modeldir import joint_vocab, saved_decode
+    from nmtkit.modeldir import saved_decode
 
+    spm = meta["spm"]
     src_vocab, tgt_vocab = load_vocabs(model_dir, meta)
     return {
         "model_dir": str(model_dir),
@@ -168,7 +169,9 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
         "parameters": meta.get("parameters"),
         # per token; model directories from before MoE layers existed are dense: all are active
         "active_parameters": meta.get("active_parameters", meta.get("parameters")),
-        "vocabulary": {"source": len(src_vocab), "target": len(tgt_vocab), "joint": joint_vocab(meta)},
+        "vocabulary": {"source": len(src_vocab), "target": len(tgt_vocab),
+                       "joint": spm["src"] == spm["tgt"] or src_vocab.pieces(range(len(src_vocab))) ==
+                       tgt_vocab.pieces(range(len(tgt_vocab)))},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
         # a multilingual model: what translate --target-lang (serve's target_lang) may name; [] for one direction
         "target_languages": src_vocab.target_languages(),

@@ -3,7 +3,7 @@
     MODEL_DIR/model.safetensors   weights (tied tensors stored once; no pickle)
     MODEL_DIR/config.json         model config, vocab sizes, languages, weight checksum, metadata
     MODEL_DIR/spm*.model          the SentencePiece model(s)
-    MODEL_DIR/vocab.*.json        an imported model only: its id maps (nmtkit/data/mapped_vocab.py)
+    MODEL_DIR/spm*.ids.json       an imported model only: its id maps (nmtkit/data/mapped_vocab.py)
 
     MODEL_DIR/checksums.json      size and sha256 of every file above (nmtkit.checksums)
 
@@ -31,7 +31,7 @@ import torch
 from nmtkit import __version__
 from nmtkit.checksums import MANIFEST, verify, write_manifest
 from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
-from nmtkit.data.mapped_vocab import load_vocabs, vocab_files
+from nmtkit.data.mapped_vocab import load_vocabs, sibling_id_maps, vocab_files
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.files import UMASK, atomic_write_text, replace_directory, sha256_file, temp_beside
@@ -107,11 +107,10 @@ def read_weights(path: Path, expected_sha256: Optional[str] = None) -> dict[str,
 def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, spm_src: str | Path,
                    spm_tgt: str | Path, extra_meta: Optional[dict] = None,
                    weights: Optional[dict[str, torch.Tensor]] = None,
-                   write_extra: Optional[Callable[[Path], None]] = None,
-                   id_maps: Optional[tuple[Path, Path]] = None) -> Path:
-    """Write a self-contained model directory atomically (temp dir + rename). ``id_maps``:
-    the (source, target) id maps of a vocabulary numbered apart from SentencePiece (an imported
-    model's), copied beside the SentencePiece models.
+                   write_extra: Optional[Callable[[Path], None]] = None) -> Path:
+    """Write a self-contained model directory atomically (temp dir + rename). The id maps lying
+    beside the SentencePiece models (an imported model's vocabulary: data/mapped_vocab.py) are
+    copied along with them.
 
     ``write_extra(tmp_dir)`` may add files (e.g. trainer state) before the rename, so a
     checkpoint appears complete or not at all.
@@ -123,6 +122,7 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
             weights = weights if weights is not None else state_dict_for_save(model)
             write_weights(tmp / WEIGHTS, weights)
             spm_names = _copy_pair(tmp, (spm_src, spm_tgt))
+            id_maps = sibling_id_maps(spm_src, spm_tgt)
             map_names = _copy_pair(tmp, id_maps) if id_maps else None
             meta = {
                 "nmtkit_version": __version__,
@@ -237,8 +237,10 @@ def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:
 
 
 def joint_vocab(meta: dict) -> bool:
-    """One vocabulary for both sides: one SentencePiece model, or (imported) one id map's pieces."""
-    return meta["spm"]["src"] == meta["spm"]["tgt"] or meta.get("joint_vocab") is True
+    """Whether the rule "tie_embeddings=all needs one vocabulary" holds for the directory: one
+    SentencePiece model, or id maps (an imported vocabulary: whoever wrote them, ``nmtkit import``
+    or prepare's vocab.from, checked that tied tables share one id map's pieces)."""
+    return meta["spm"]["src"] == meta["spm"]["tgt"] or bool(meta.get("id_maps"))
 
 
 def read_model_weights(model_dir: Path, meta: dict) -> dict[str, torch.Tensor]:

@@ -2,7 +2,8 @@
 
 A model trained by another toolkit (MarianMT, ``nmtkit import``) numbers its pieces by its own
 ``vocab.json``; SentencePiece only splits text into pieces. Such a model directory keeps, beside
-the SentencePiece model, an id map (``vocab.src.json`` / ``vocab.tgt.json``):
+each SentencePiece model, an id map (``spm.src.model`` -> ``spm.src.ids.json``, ``id_map_of``), which
+travels with the model wherever nmtkit copies it (``vocab.from``, checkpoints):
 
     {"format": "nmtkit-id-map", "pieces": [piece of id 0, piece of id 1, ...],
      "original_ids": [the importer's id of each piece, or null], "append_eos": bool,
@@ -21,12 +22,11 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from nmtkit.checksums import verify
-from nmtkit.data.vocab import Vocab, load_spm
+from nmtkit.data.vocab import Vocab, id_map_of, load_spm
 from nmtkit.errors import DataError
 from nmtkit.specials import EOS, UNK
 
 ID_MAP_FORMAT = "nmtkit-id-map"
-ID_MAP_FILES = ("vocab.src.json", "vocab.tgt.json")
 MARIAN_TAG = re.compile(r">>[^\s<>]+<<")
 MAX_MAP_BYTES = 64 << 20
 
@@ -139,6 +139,22 @@ def write_id_map(path: Path, pieces: list[str], original_ids: list[Optional[int]
     spec = {"format": ID_MAP_FORMAT, "tag_style": "marian", "append_eos": append_eos,
             "pieces": pieces, "original_ids": original_ids}
     atomic_write_text(path, json.dumps(spec, ensure_ascii=False) + "\n")
+
+
+def open_vocab(spm_path: str | Path) -> Vocab:
+    """The vocabulary of a SentencePiece model: numbered by its id map when one lies beside it."""
+    sibling = id_map_of(spm_path)
+    return MappedVocab(spm_path, sibling) if sibling.is_file() else Vocab(spm_path)
+
+
+def sibling_id_maps(spm_src: str | Path, spm_tgt: str | Path) -> Optional[tuple[Path, Path]]:
+    """The id maps beside both SentencePiece models, or None (models nmtkit trained have none)."""
+    maps = id_map_of(spm_src), id_map_of(spm_tgt)
+    found = [path.is_file() for path in maps]
+    if any(found) and not all(found):
+        raise DataError(f"{maps[found.index(False)]}: missing, but {maps[found.index(True)].name} is there "
+                        f"(an imported model's vocabulary has an id map per side)")
+    return maps if all(found) else None
 
 
 def load_vocabs(directory: Path, meta: dict) -> tuple[Vocab, Vocab]:

@@ -252,6 +252,13 @@ def sampled_lines(lines: Iterable[str], total: int, size: int, seed: int) -> Ite
                 return
 
 
+def id_map_of(spm_path: str | Path) -> Path:
+    """Where the id map of a SentencePiece model lives, if it has one (an imported model's:
+    data/mapped_vocab.py): beside it, ``spm.src.model`` -> ``spm.src.ids.json``. A copy of the
+    model (prepare's ``vocab.from``, a checkpoint) takes it along."""
+    return Path(spm_path).with_suffix(".ids.json")
+
+
 def reused_models(directory: str | Path, joint: bool) -> tuple[Path, Path]:
     """The (source, target) SentencePiece models of a model or prepared directory (``vocab.from``),
     verified against its checksums.json when it has one. nmtkit names them alike in both kinds
@@ -268,5 +275,6 @@ def reused_models(directory: str | Path, joint: bool) -> tuple[Path, Path]:
         raise ConfigError(f"vocab.joint={str(joint).lower()} but {directory} (vocab.from) has {found}; "
                           f"set vocab.joint: {str(layouts[0]).lower()}")
     names = spm_files(joint)
-    verify(directory, sorted(set(names)), DataError)
+    maps = [id_map_of(name).name for name in set(names) if id_map_of(directory / name).is_file()]
+    verify(directory, sorted({*names, *maps}), DataError)
     return directory / names[0], directory / names[1]

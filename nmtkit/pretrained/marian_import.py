@@ -5,18 +5,21 @@ Read: config.json, model.safetensors (or pytorch_model.bin through ``torch.load(
 True)``: tensors only, no code runs), source.spm, target.spm, vocab.json, target_vocab.json
 (separate vocabularies), generation_config.json and tokenizer_config.json when present.
 Written (modeldir.py): the weights renumbered to our ids (marian_weights.py), both
-SentencePiece models, the id maps (data/mapped_vocab.py), a config.json whose
+SentencePiece models under nmtkit's names (spm.src.model, spm.tgt.model), their id maps beside
+them (spm.src.ids.json, spm.tgt.ids.json: data/mapped_vocab.py), a config.json whose
 ``imported_from`` says where the model came from, checksums.json.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
 from nmtkit.config import DecodeConfig
-from nmtkit.data.mapped_vocab import write_id_map
+from nmtkit.data.mapped_vocab import id_map_of, write_id_map
+from nmtkit.data.vocab import spm_files
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.files import sha256_file, temp_beside
 from nmtkit.pretrained import marian_layout as layout
@@ -142,12 +145,11 @@ def import_marian(source: str, out_dir: str | Path) -> Path:
     files = {name: sha256_file(directory / name) for name in HUB_FILES if (directory / name).is_file()}
     meta = {"imported_from": {"format": "marian", **origin, "files": files},
             "src_lang": str(tokenizer.get("source_lang") or ""), "tgt_lang": str(tokenizer.get("target_lang") or ""),
-            "decode": _decode_settings(read_json_file(directory / "generation_config.json", required=False)),
-            "joint_vocab": joint}
-    with temp_beside(out_dir, directory=True) as scratch:
-        maps = []
-        for side, vocab, append_eos in (("src", src_vocab, True), ("tgt", tgt_vocab, False)):
-            maps.append(scratch / f"vocab.{side}.json")
-            write_id_map(maps[-1], layout.pieces_in_order(vocab, orders[side]), orders[side], append_eos)
-        return save_model_dir(model, cfg, out_dir, directory / "source.spm", directory / "target.spm", meta,
-                              id_maps=(maps[0], maps[1]))
+            "decode": _decode_settings(read_json_file(directory / "generation_config.json", required=False))}
+    with temp_beside(out_dir, directory=True) as scratch:  # nmtkit's names: vocab.from finds them
+        models = [scratch / name for name in spm_files(False)]  # spm.src.model, spm.tgt.model
+        for side, model_file, original, vocab, append_eos in zip(
+                ("src", "tgt"), models, ("source.spm", "target.spm"), (src_vocab, tgt_vocab), (True, False)):
+            shutil.copyfile(directory / original, model_file)
+            write_id_map(id_map_of(model_file), layout.pieces_in_order(vocab, orders[side]), orders[side], append_eos)
+        return save_model_dir(model, cfg, out_dir, models[0], models[1], meta)

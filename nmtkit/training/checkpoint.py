@@ -308,7 +308,5 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     meta = {k: v for k, v in newest.meta.items()
             if k not in ("model", "spm", "id_maps", "weights_sha256", "nmtkit_version")}
     meta["averaged_from"] = [p.name for p in chosen]
-    maps = newest.meta.get("id_maps")
     return save_model_dir(newest.model, newest.model_cfg, out, chosen[-1] / newest.meta["spm"]["src"],
-                          chosen[-1] / newest.meta["spm"]["tgt"], meta, weights=averaged,
-                          id_maps=(chosen[-1] / maps["src"], chosen[-1] / maps["tgt"]) if maps else None)
+                          chosen[-1] / newest.meta["spm"]["tgt"], meta, weights=averaged)
