@@ -144,3 +144,70 @@ def test_hub_id_offline_and_not_cached_is_one_line(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     err = one_line_error(monkeypatch, capsys, "import", "Helsinki-NLP/opus-mt-en-de", "-o", str(tmp_path / "m"))
     assert "cannot fetch Helsinki-NLP/opus-mt-en-de from the Hugging Face Hub" in err
+
+
+def test_ctranslate2_export_of_an_imported_model_translates_the_same(imported, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("ctranslate2")
+    text = tmp_path / "in.txt"
+    text.write_text("the red dog\na blue cat sat\nquickly\n", encoding="utf-8")
+    code, _, err = cli_in_process(monkeypatch, capsys, "export", str(imported), "--format", "ctranslate2",
+                                  "-o", str(tmp_path / "ct2"))
+    assert code == 0, err
+    outputs = {}
+    for name, model in (("torch", imported), ("ct2", tmp_path / "ct2")):
+        code, outputs[name], err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model), "-i", str(text),
+                                                  "--target-lang", "deu", "--beam-size", "2", "--max-len-b", "6")
+        assert code == 0, err
+    assert outputs["torch"] == outputs["ct2"] and len(outputs["torch"].splitlines()) == 3
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "int8"], ["--dtype", "bf16"], ["--nbest", "2", "--scores"],
+                                   ["--sample", "--seed", "2"], ["--alignments"]])
+def test_translate_options_on_an_imported_model(imported, tmp_path, monkeypatch, capsys, flags):
+    text = tmp_path / "in.txt"
+    text.write_text("the red dog\n\nquickly\n", encoding="utf-8")
+    code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(imported), "-i", str(text),
+                                    "--max-len-b", "5", *flags)
+    assert code == 0, err
+    assert len(out.splitlines()) == 3 * (2 if "--nbest" in flags else 1)
+
+
+def test_serve_target_lang_on_an_imported_model(imported):
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.decoding.translate import translate_lines
+    from nmtkit.modeldir import load_model_dir
+    from nmtkit.serving.app import create_app, serving_card
+    from nmtkit.serving.batcher import Batcher
+    from nmtkit.serving.requests import Limits
+    from nmtkit.translation import open_engine
+
+    options = TranslateOptions(device="cpu", dtype="float32", beam_size=1, max_len_a=0.0, max_len_b=6)
+    limits = Limits(max_body_bytes=4000, max_lines=6, max_line_chars=60, max_beam=4)
+    batcher = Batcher(open_engine([str(imported)], options), options, 0.0, options.batch_tokens)
+    lines = ["the red dog", "a blue cat"]
+    with TestClient(create_app(batcher, serving_card([str(imported)], options, limits, 0), limits)) as client:
+        answer = client.post("/translate", json={"texts": lines, "target_lang": "fra"})
+        refused = client.post("/translate", json={"texts": lines, "target_lang": "spa"})
+    loaded = load_model_dir(imported)
+    assert answer.json()["translations"] == translate_lines([loaded], [f">>fra<< {x}" for x in lines], options)
+    assert refused.status_code == 400 and ">>spa<<" in refused.json()["error"]
+
+
+def test_every_command_line_in_the_docs_parses():
+    """docs/pretrained.md: each `nmtkit ...` line is a command with options it has."""
+    import typer.main
+
+    from nmtkit.cli import app
+
+    group = typer.main.get_command(app)
+    text = (Path(__file__).resolve().parent.parent / "docs" / "pretrained.md").read_text(encoding="utf-8")
+    blocks = text.split("```")[1::2]  # the code blocks
+    lines = [line.split() for block in blocks for line in block.splitlines() if line.startswith("nmtkit ")]
+    assert len(lines) >= 6
+    for words in lines:
+        command = group.get_command(None, words[1])
+        assert command is not None, words
+        command.make_context(words[1], words[2:])  # raises on an unknown option or a missing argument
