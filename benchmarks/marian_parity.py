@@ -1,8 +1,9 @@
 """MarianMT parity figures for docs/pretrained.md: on tiny random MarianMT models built with
 transformers (the tests' builder, tests/marian_models.py), the largest difference between
-nmtkit's and transformers' teacher-forced log-probabilities, and how many of N inputs greedy
-and beam-4 search translate exactly as ``generate`` does (lenpen 0 on both sides, pad never
-generated, at most 12 pieces then EOS). Prints one JSON object.
+nmtkit's and transformers' teacher-forced log-probabilities, how many of N inputs greedy and beam-4
+search translate exactly as ``generate`` does (lenpen 0 on both sides, pad never generated,
+at most 12 pieces then EOS), and of the others, how many of nmtkit's outputs are at least as
+probable as generate's by MarianMTModel's own scoring. Prints one JSON object.
 
     python benchmarks/marian_parity.py --inputs 200
 """
@@ -25,7 +26,7 @@ def measure(shape: dict, inputs: int, work: Path, seed: int) -> dict:
     import torch
     from conftest import tiny_sentences
     from marian_models import make_marian
-    from test_marian_import import hf_pair, hf_translations, our_logprobs
+    from test_marian_import import hf_pair, hf_translations, more_probable_where_different, our_logprobs
     from nmtkit.decoding.options import TranslateOptions
     from nmtkit.decoding.translate import translate_lines
     from nmtkit.modeldir import load_model_dir
@@ -47,9 +48,13 @@ def measure(shape: dict, inputs: int, work: Path, seed: int) -> dict:
     for beam in (1, 4):
         options = TranslateOptions(beam_size=beam, lenpen=0.0, max_len_a=0.0, max_len_b=12, min_len=0,
                                    device="cpu", dtype="float32")
-        ours = translate_lines([loaded], lines, options)
-        same = sum(a == b for a, b in zip(ours, hf_translations(hf, tokenizer, lines, beam, 12)))
+        ours, sequences = translate_lines([loaded], lines, options), []
+        theirs = hf_translations(hf, tokenizer, lines, beam, 12, sequences)
+        same = sum(a == b for a, b in zip(ours, theirs))
         out[f"beam{beam}_identical"] = f"{same}/{len(lines)}"
+        if same < len(lines):  # where they differ: is nmtkit's output the more probable, by MarianMTModel?
+            better = more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options)
+            out[f"beam{beam}_different_but_more_probable"] = f"{better}/{len(lines) - same}"
     return out
 
 

@@ -68,6 +68,9 @@ def make_marian(out: Path, shared: bool = True, activation: str = "swish", scale
             if "layer_norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
         model.final_logits_bias.normal_(0, 1.0)
+        # a trained model never predicts <pad> (its probability is ~0): transformers' generate bans it and
+        # renormalises, nmtkit's search bans it without renormalising; the two agree only where it is ~0
+        model.final_logits_bias[0, pad] = -100.0
     model.save_pretrained(out)
     shutil.copyfile(src_spm, out / "source.spm")
     shutil.copyfile(tgt_spm, out / "target.spm")

@@ -2,20 +2,17 @@
 on tiny random models of several shapes, and bad input is one line."""
 from __future__ import annotations
 
-import json
-import os
-import pickle
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_cli, tiny_sentences
+from conftest import tiny_sentences
 from marian_models import make_marian
 
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import translate_lines
-from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.modeldir import load_model_dir
 from nmtkit.pretrained.marian_import import import_marian
 from nmtkit.specials import BOS, EOS, PAD
@@ -68,17 +65,21 @@ def test_teacher_forced_logprobs_equal_marian(tmp_path, shape):
         torch.testing.assert_close(ours, theirs[row, :len(ours)], atol=1e-4, rtol=0)
 
 
-def hf_translations(hf, tokenizer, lines: list[str], beam: int, max_pieces: int) -> list[str]:
+def hf_translations(hf, tokenizer, lines: list[str], beam: int, max_pieces: int,
+                    sequences: list | None = None) -> list[str]:
     """transformers' generate with our search's rules: pad never generated, raw log-prob ranking
-    (lenpen 0), at most ``max_pieces`` pieces and then EOS."""
+    (lenpen 0), at most ``max_pieces`` pieces and then EOS. ``sequences``: gets each output's ids."""
     out = []
+    pad = hf.config.pad_token_id
     for start in range(0, len(lines), 50):
         batch = tokenizer(lines[start:start + 50], return_tensors="pt", padding=True)
         with torch.no_grad():
             ids = hf.generate(**batch, num_beams=beam, do_sample=False, max_new_tokens=max_pieces + 1,
-                              length_penalty=0.0, early_stopping=True, bad_words_ids=[[hf.config.pad_token_id]],
+                              length_penalty=0.0, early_stopping=True, bad_words_ids=[[pad]],
                               num_return_sequences=1)
         out += tokenizer.batch_decode(ids, skip_special_tokens=True)
+        if sequences is not None:  # the decoder start, then the output up to its EOS (pad after it)
+            sequences += [[pad] + [t for t in row[1:].tolist() if t != pad] for row in ids]
     return out
 
 
@@ -91,6 +92,28 @@ def test_translations_equal_marian_generate(tmp_path, beam):
     options = TranslateOptions(beam_size=beam, lenpen=0.0, max_len_a=0.0, max_len_b=12, min_len=0, device="cpu",
                                dtype="float32")
     ours = translate_lines([loaded], lines, options)
-    theirs = hf_translations(hf, tokenizer, lines, beam, 12)
+    sequences: list = []
+    theirs = hf_translations(hf, tokenizer, lines, beam, 12, sequences)
     same = sum(a == b for a, b in zip(ours, theirs))
     assert same >= 0.99 * len(lines), [(a, b) for a, b in zip(ours, theirs) if a != b][:3]
+    assert more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options) == \
+        len(lines) - same
+
+
+def more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options) -> int:
+    """Of the lines where the outputs differ, how many have nmtkit's output at least as probable
+    as generate's, both scored by MarianMTModel itself: where they differ, generate's beam did
+    not return its most probable finished hypothesis (greedy outputs never differ)."""
+    scored = dataclasses.replace(options, scores=True)  # "logprob \t text" (lenpen 0: the raw log-probability)
+    count = 0
+    for line, mine, other, ids in zip(lines, ours, theirs, sequences):
+        if mine == other:
+            continue
+        mine_logprob = float(translate_lines([loaded], [line], scored)[0].split("\t")[0])
+        batch = tokenizer([line], return_tensors="pt")
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            logits = hf(**batch, decoder_input_ids=ids[:, :-1]).logits
+        other_logprob = float(logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).sum())
+        count += mine_logprob >= other_logprob - 1e-4
+    return count

@@ -10,7 +10,7 @@ ours, with vocab.json naming BOS "<pad>" (Marian starts decoding from the pad id
 PAD "<nmtkit:pad>" (both never generated: generation_config's bad_words_ids).
 Written beside the weights: config.json, generation_config.json, tokenizer_config.json,
 vocab.json (and target_vocab.json for separate vocabularies), source.spm, target.spm,
-nmtkit.json (what we exported, from where) and checksums.json.
+nmtkit-marian.json (what we exported, from where) and checksums.json.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from nmtkit.pretrained.marian_layout import ACTIVATION_NAMES, ADDED_PAD
 from nmtkit.pretrained.marian_weights import to_marian
 from nmtkit.specials import BOS, EOS, PAD, UNK
 
-META = "nmtkit.json"
+META = "nmtkit-marian.json"  # not nmtkit.json: that names a CTranslate2 export
 FILES = frozenset({"config.json", "generation_config.json", "tokenizer_config.json", "vocab.json",
                    "target_vocab.json", "source.spm", "target.spm", "model.safetensors", META, MANIFEST})
 OUR_NAMES = {PAD: ADDED_PAD, UNK: "<unk>", BOS: "<pad>", EOS: "</s>"}

@@ -1,8 +1,8 @@
 """`nmtkit import SRC -o MODEL`: a Hugging Face MarianMT directory (or Hub id) as an nmtkit
 model directory, which every command then uses as one nmtkit trained.
 
-Read: config.json, model.safetensors (or pytorch_model.bin through ``torch.load(weights_only=
-True)``: tensors only, no code runs), source.spm, target.spm, vocab.json, target_vocab.json
+Read: config.json, model.safetensors (or pytorch_model.bin, loaded as plain tensors only, with
+weights_only=True: no code runs), source.spm, target.spm, vocab.json, target_vocab.json
 (separate vocabularies), generation_config.json and tokenizer_config.json when present.
 Written (modeldir.py): the weights renumbered to our ids (marian_weights.py), both
 SentencePiece models under nmtkit's names (spm.src.model, spm.tgt.model), their id maps beside
