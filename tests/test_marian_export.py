@@ -89,3 +89,17 @@ def test_what_marian_cannot_express_is_one_line(tmp_path, tiny_spm, monkeypatch,
     key, value = next(iter(setting.items()))
     assert code != 0 and err.count("\n") == 1 and f"model.{key}={str(value).lower()}" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_export_replaces_only_its_own_directories(tmp_path, tiny_spm, monkeypatch, capsys):
+    native_model(tmp_path, tiny_spm)
+    args = ["export", str(tmp_path / "native"), "--format", "marian", "-o", str(tmp_path / "out")]
+    for _ in range(2):  # a second export replaces the first
+        code, _, err = cli_in_process(monkeypatch, capsys, *args)
+        assert code == 0, err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    code, _, err = cli_in_process(monkeypatch, capsys, *args[:-1], str(tmp_path / "mine"))
+    assert code == 2 and "nmtkit replaces only" in err and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    code, _, err = cli_in_process(monkeypatch, capsys, *args, "--quantization", "int8")
+    assert code == 2 and "--quantization is for --format ctranslate2" in err
