@@ -40,9 +40,12 @@ def marian_problem(cfg) -> Optional[str]:
               (cfg.pre_norm, "model.pre_norm=true: MarianMT layers are post-norm"),
               (cfg.norm != "layernorm", f"model.norm={cfg.norm}: MarianMT normalises with LayerNorm"),
               (cfg.positions != "sinusoidal", f"model.positions={cfg.positions}: MarianMT has sinusoidal positions"),
-              (cfg.ffn not in ACTIVATION_NAMES, f"model.ffn={cfg.ffn}: MarianMT's feed-forward is relu, gelu or swish"),
-              (cfg.moe_experts > 0, f"model.moe_experts={cfg.moe_experts}: MarianMT layers have one dense feed-forward"),
-              (cfg.key_size != cfg.d_model // cfg.heads, f"model.key_dim={cfg.key_dim}: MarianMT's heads are d_model / heads wide"),
+              (cfg.ffn not in ACTIVATION_NAMES, f"model.ffn={cfg.ffn}: MarianMT's feed-forward is relu, gelu "
+                                                f"or swish"),
+              (cfg.moe_experts > 0, f"model.moe_experts={cfg.moe_experts}: MarianMT layers have one dense "
+                                    f"feed-forward"),
+              (cfg.key_size != cfg.d_model // cfg.heads, f"model.key_dim={cfg.key_dim}: MarianMT's heads are "
+                                                         f"d_model / heads wide"),
               (cfg.d_model % 2 == 1, f"model.d_model={cfg.d_model}: sinusoids need an even width")]
     return next((why for bad, why in checks if bad), None)
 
