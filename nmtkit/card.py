@@ -50,6 +50,10 @@ def architecture(saved: dict) -> dict:
         summary = (f"d {model['d_model']}, ffn {model['ffn_dim']} ({model['ffn']}), heads {model['heads']}, "
                    f"layers {model['encoder_layers']}+{model['decoder_layers']}, {norm}, "
                    f"{model.get('positions', 'sinusoidal')} positions")
+        if model["positions"] == "sinusoidal" and model["sinusoid_layout"] != "interleaved":
+            summary += f" ({model['sinusoid_layout']})"  # Marian's sines-then-cosines
+        summary += "" if model["embed_scale"] else ", unscaled embeddings"
+        summary += ", output bias" if model["output_bias"] else ""
         if model.get("moe_experts"):
             summary += (f", MoE {model['moe_experts']} experts top-{model['moe_top_k']} "
                         f"every {model['moe_every']} layer(s)")

@@ -48,6 +48,8 @@ def test_import_then_translate_info_and_target_language(hf_dir, tmp_path, monkey
     assert card["imported_from"]["source"] == str(hf_dir.resolve())
     assert card["target_languages"] == ["fra", "deu"]
     assert card["vocabulary"]["joint"] is True
+    assert card["architecture"]["summary"].endswith("(silu), heads 2, layers 2+2, post-norm layernorm, "
+                                                    "sinusoidal positions (halves), output bias")
     text = tmp_path / "in.txt"
     text.write_text("the dog\nred cat sat\n\n", encoding="utf-8")
     for lang in ("fra", "deu"):
