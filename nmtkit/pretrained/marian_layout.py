@@ -87,6 +87,9 @@ def id_order(vocab: dict, where: str, start: Optional[int] = None, eos: Optional
         raise DataError(f"{where}: no {missing[0]} piece (a MarianMT vocabulary has <unk>, </s> and <pad>)")
     start = vocab["<pad>"] if start is None else start
     eos = vocab["</s>"] if eos is None else eos
+    for name, value in (("decoder_start_token_id", start), ("eos_token_id", eos)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(vocab):
+            raise DataError(f"{where}: config.json's {name} {value!r} is not one id of its {len(vocab)} pieces")
     specials = [vocab["<unk>"], start, eos]
     if len(set(specials)) < 3:
         raise DataError(f"{where}: <unk>, the decoder start and </s> must be three different ids")

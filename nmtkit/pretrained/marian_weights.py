@@ -70,7 +70,11 @@ def to_nmtkit(weights: dict, cfg, config: dict, orders: dict, where: str) -> dic
     out = {}
     for stack, count in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
         for ours, parts in _layer_names(stack, count):
-            out[ours] = torch.cat([take(part) for part in parts]) if len(parts) > 1 else take(parts[0])
+            tensors = [take(part) for part in parts]
+            if len({t.shape[1:] for t in tensors}) > 1:
+                raise DataError(f"{where}: mismatched shapes: {', '.join(parts)} are "
+                                f"{' and '.join(str(tuple(t.shape)) for t in tensors)}")
+            out[ours] = torch.cat(tensors)
     src, tgt = (_first(weights, EMBEDDINGS[side], where).float() for side in ("src", "tgt"))
     tied = config.get("tie_word_embeddings", True) is not False
     head = tgt if tied else take("lm_head.weight")
