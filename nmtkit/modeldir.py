@@ -181,6 +181,9 @@ def read_meta(model_dir: str | Path) -> dict:
     checked = verify(model_dir, [CONFIG], CheckpointError)
     meta = read_json(path, "model config")
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        if isinstance(meta, dict) and meta.get("model_type") == "marian":  # transformers' own directory
+            raise CheckpointError(f"{model_dir} is a Hugging Face MarianMT directory: convert it first with "
+                                  f"`nmtkit import {model_dir} -o MODEL`")
         raise CheckpointError(f"{path}: not an nmtkit model config")
     spm = meta.get("spm")
     if not (isinstance(spm, dict) and all(isinstance(spm.get(side), str) and plain_name(spm[side])

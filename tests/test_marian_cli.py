@@ -213,3 +213,10 @@ def test_every_command_line_in_the_docs_parses():
         command = group.get_command(None, words[1])
         assert command is not None, words
         command.make_context(words[1], words[2:])  # raises on an unknown option or a missing argument
+
+
+def test_a_marian_directory_given_as_a_model_says_to_import_it(hf_dir, tmp_path, monkeypatch, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("the dog\n", encoding="utf-8")
+    err = one_line_error(monkeypatch, capsys, "translate", "-m", str(hf_dir), "-i", str(text))
+    assert "Hugging Face MarianMT directory" in err and f"nmtkit import {hf_dir} -o MODEL" in err
