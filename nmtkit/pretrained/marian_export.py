@@ -106,9 +106,7 @@ def _config(cfg, orders: dict, tgt_vocab: dict) -> dict:
 
 def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
     """Write ``model_dir`` as the MarianMT directory ``out_dir`` (a temp sibling renamed into place)."""
-    from safetensors.torch import save_file
-
-    from nmtkit.modeldir import load_model_dir, state_dict_for_save
+    from nmtkit.modeldir import load_model_dir, state_dict_for_save, write_weights
     from nmtkit.outputs import check_output_dir
 
     out_dir = check_output_dir(out_dir, export_dir_problem)
@@ -128,7 +126,7 @@ def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
     joint = config["share_encoder_decoder_embeddings"]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with temp_beside(out_dir, directory=True) as tmp:
-        save_file(to_marian(state, cfg, orders), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_weights(tmp / "model.safetensors", to_marian(state, cfg, orders))  # metadata format "pt", as HF wants
         for side, name in (("src", "source.spm"), ("tgt", "target.spm")):
             shutil.copyfile(loaded.src_vocab.path if side == "src" else loaded.tgt_vocab.path, tmp / name)
         _write_json(tmp / "config.json", config)
