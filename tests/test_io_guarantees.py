@@ -20,7 +20,7 @@ from conftest import run_cli, tiny_sentences
 from test_translate import save_tiny_model
 
 COMMANDS = ("prepare", "train", "translate", "serve", "score", "run", "sweep", "average", "plot", "attention", "info",
-            "export", "verses")
+            "export", "import", "verses")
 
 
 def help_text(*command: str) -> str:
