@@ -50,6 +50,10 @@ def architecture(saved: dict) -> dict:
         summary = (f"d {model['d_model']}, ffn {model['ffn_dim']} ({model['ffn']}), heads {model['heads']}, "
                    f"layers {model['encoder_layers']}+{model['decoder_layers']}, {norm}, "
                    f"{model.get('positions', 'sinusoidal')} positions")
+        if model["positions"] == "sinusoidal" and model["sinusoid_layout"] != "interleaved":
+            summary += f" ({model['sinusoid_layout']})"  # Marian's sines-then-cosines
+        summary += "" if model["embed_scale"] else ", unscaled embeddings"
+        summary += ", output bias" if model["output_bias"] else ""
         if model.get("moe_experts"):
             summary += (f", MoE {model['moe_experts']} experts top-{model['moe_top_k']} "
                         f"every {model['moe_every']} layer(s)")
@@ -121,6 +125,7 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
     """Everything ``nmtkit info`` shows, as one JSON-ready dict. The model directory must be
     sound; a damaged run config or data manifest beside it is left out, said through ``warn``."""
     from nmtkit.ctranslate2.export import META as EXPORT_META
+    from nmtkit.data.mapped_vocab import vocab_files
     from nmtkit.modeldir import model_config_from_meta, read_meta
 
     model_dir = Path(model_dir)
@@ -130,7 +135,7 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
         return export_card(model_dir, warn)
     meta = read_meta(model_dir)
     model_config_from_meta(meta, model_dir / "config.json")
-    verify(model_dir, sorted(set(meta["spm"].values())), CheckpointError)
+    verify(model_dir, vocab_files(meta), CheckpointError)
     card = basic_card(model_dir, meta)
     run_dir = find_run_dir(model_dir)
     if run_dir is None:
@@ -157,29 +162,39 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
 
 def basic_card(model_dir: Path, meta: dict) -> dict:
     """What a model's own metadata (config.json, or an export's nmtkit.json) tells."""
-    from nmtkit.data.vocab import Vocab
+    from nmtkit.data.mapped_vocab import load_vocabs
     from nmtkit.modeldir import saved_decode
 
-    spm = meta.get("spm", {})
-    src_vocab = Vocab(model_dir / spm["src"])
+    spm = meta["spm"]
+    src_vocab, tgt_vocab = load_vocabs(model_dir, meta)
     return {
         "model_dir": str(model_dir),
         "architecture": architecture(meta["model"]),
         "parameters": meta.get("parameters"),
         # per token; model directories from before MoE layers existed are dense: all are active
         "active_parameters": meta.get("active_parameters", meta.get("parameters")),
-        "vocabulary": {"source": len(src_vocab), "target": len(Vocab(model_dir / spm["tgt"])),
-                       "joint": spm["src"] == spm["tgt"]},
+        "vocabulary": {"source": len(src_vocab), "target": len(tgt_vocab),
+                       "joint": spm["src"] == spm["tgt"] or src_vocab.pieces(range(len(src_vocab))) ==
+                       tgt_vocab.pieces(range(len(tgt_vocab)))},
         "languages": {"source": meta.get("src_lang"), "target": meta.get("tgt_lang")},
         # a multilingual model: what translate --target-lang (serve's target_lang) may name; [] for one direction
         "target_languages": src_vocab.target_languages(),
+        # an imported model: where it came from (nmtkit/pretrained/)
+        **({"imported_from": meta["imported_from"]} if isinstance(meta.get("imported_from"), dict) else {}),
         "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
         # a fine-tuned model: the model directory its training started from (training/init_from.py)
         **({"init_from": meta["init_from"]} if isinstance(meta.get("init_from"), dict) else {}),
         # what `translate -m` uses unless flags say otherwise; "defaults" for a model saved without them
-        "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": "recipe" if "decode" in meta else "defaults"},
+        "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": _decode_origin(meta)},
         "nmtkit_version": meta.get("nmtkit_version"),
     }
+
+
+def _decode_origin(meta: dict) -> str:
+    """Where a model's saved decode settings came from, for the card."""
+    if "decode" not in meta:
+        return "defaults"
+    return "imported generation_config" if isinstance(meta.get("imported_from"), dict) else "recipe"
 
 
 def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
@@ -245,6 +260,10 @@ def print_card(card: dict, file=None) -> None:
                   f"{decode['max_len_a']} x source + {decode['max_len_b']}, min {decode['min_len']}, "
                   f"{decode['batch_tokens']} tokens a batch (from the {decode['from']})")
     table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
+    imported = card.get("imported_from")
+    if imported:
+        revision = f", revision {imported['revision']}" if imported.get("revision") else ""
+        table.add_row("imported from", f"{imported.get('source')} ({imported.get('format')}{revision})")
     init = card.get("init_from")
     if init:
         table.add_row("started from", f"{init.get('path')} (step {_text(init.get('step'))}; fine-tuned)")

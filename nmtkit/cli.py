@@ -374,20 +374,43 @@ def info(
     info_command(model_dir, json_out, _console().warn)
 
 
+@app.command("import", cls=_Command)
+def import_model(
+    source: str = typer.Argument(..., metavar="SRC", show_default=False,
+                                 help="A Hugging Face MarianMT directory (OPUS-MT), or a Hub id such as "
+                                      "Helsinki-NLP/opus-mt-en-de (needs huggingface_hub: nmtkit[hf])."),
+    output: str = typer.Option(..., "-o", "--output", metavar="<path>", show_default=False,
+                               help="Model directory to write; an existing directory is replaced only if it "
+                                    "is a complete nmtkit model directory."),
+) -> None:
+    """Import a pretrained MarianMT model: translate, serve, fine-tune and export it like one trained here."""
+    from nmtkit.pretrained.marian_import import import_marian
+
+    _console().info(f"wrote {import_marian(source, output)}")
+
+
 @app.command(cls=_Command)
 def export(
     model_dir: Path = typer.Argument(..., help="Model directory (e.g. WORKDIR/train/best).", show_default=False),
     output: str = typer.Option(..., "-o", "--output", metavar="<path>", show_default=False,
                                help="Directory to write; an existing directory is replaced only if it is a "
-                                    "complete CTranslate2 export."),
-    fmt: str = typer.Option("ctranslate2", "--format", help="Export format: ctranslate2."),
+                                    "complete export of the same format."),
+    fmt: str = typer.Option("ctranslate2", "--format", help="Export format: ctranslate2, or marian (a Hugging "
+                            "Face MarianMT directory for transformers)."),
     quantization: Optional[str] = typer.Option(None, "--quantization", help="Weight type: int8, float16, bfloat16, float32 (default: float32).", show_default=False),
 ) -> None:
-    """Export a Transformer for another inference engine (translate it with --engine ctranslate2)."""
+    """Export a Transformer for another engine: CTranslate2 (translate it with --engine ctranslate2) or MarianMT."""
     from nmtkit.errors import ConfigError
 
-    if fmt != "ctranslate2":
-        raise ConfigError(f"--format must be ctranslate2, not {fmt!r}")
+    if fmt not in ("ctranslate2", "marian"):
+        raise ConfigError(f"--format must be ctranslate2 or marian, not {fmt!r}")
+    if fmt == "marian":
+        if quantization is not None:
+            raise ConfigError("--quantization is for --format ctranslate2; a MarianMT export keeps float32 weights")
+        from nmtkit.pretrained.marian_export import export_marian
+
+        _console().info(f"wrote {export_marian(model_dir, output)}")
+        return
     from nmtkit.ctranslate2.export import export_ctranslate2
 
     _console().info(f"wrote {export_ctranslate2(model_dir, output, quantization)}")

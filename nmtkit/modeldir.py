@@ -3,6 +3,7 @@
     MODEL_DIR/model.safetensors   weights (tied tensors stored once; no pickle)
     MODEL_DIR/config.json         model config, vocab sizes, languages, weight checksum, metadata
     MODEL_DIR/spm*.model          the SentencePiece model(s)
+    MODEL_DIR/spm*.ids.json       an imported model only: its id maps (nmtkit/data/mapped_vocab.py)
 
     MODEL_DIR/checksums.json      size and sha256 of every file above (nmtkit.storage.checksums)
 
@@ -29,6 +30,7 @@ import torch
 
 from nmtkit import __version__
 from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
+from nmtkit.data.mapped_vocab import load_vocabs, sibling_id_maps, vocab_files
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.models.base import Seq2Seq
@@ -106,7 +108,9 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
                    spm_tgt: str | Path, extra_meta: Optional[dict] = None,
                    weights: Optional[dict[str, torch.Tensor]] = None,
                    write_extra: Optional[Callable[[Path], None]] = None) -> Path:
-    """Write a self-contained model directory atomically (temp dir + rename).
+    """Write a self-contained model directory atomically (temp dir + rename). The id maps lying
+    beside the SentencePiece models (an imported model's vocabulary: data/mapped_vocab.py) are
+    copied along with them.
 
     ``write_extra(tmp_dir)`` may add files (e.g. trainer state) before the rename, so a
     checkpoint appears complete or not at all.
@@ -117,15 +121,14 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
         with temp_beside(out_dir, directory=True) as tmp:
             weights = weights if weights is not None else state_dict_for_save(model)
             write_weights(tmp / WEIGHTS, weights)
-            spm_names = {}
-            for side, path in (("src", Path(spm_src)), ("tgt", Path(spm_tgt))):
-                spm_names[side] = path.name
-                if not (tmp / path.name).exists():
-                    shutil.copyfile(path, tmp / path.name)
+            spm_names = _copy_pair(tmp, (spm_src, spm_tgt))
+            id_maps = sibling_id_maps(spm_src, spm_tgt)
+            map_names = _copy_pair(tmp, id_maps) if id_maps else None
             meta = {
                 "nmtkit_version": __version__,
                 "model": dataclasses.asdict(model_cfg),
                 "spm": spm_names,
+                **({"id_maps": map_names} if map_names else {}),
                 "weights_sha256": sha256_file(tmp / WEIGHTS),
                 "parameters": model.num_parameters(),
                 "active_parameters": model.active_parameters(),  # per token: fewer than all with MoE layers
@@ -140,6 +143,17 @@ def save_model_dir(model: Seq2Seq, model_cfg: ModelConfig, out_dir: str | Path, 
     except OSError as err:  # a full disk, a quota, a read-only file system: a runtime failure
         raise NmtkitError(f"cannot write {out_dir}: {err.strerror or err}; nothing was replaced") from err
     return out_dir
+
+
+def _copy_pair(directory: Path, paths) -> dict[str, str]:
+    """Copy the (source, target) files ``paths`` into ``directory`` (one copy when they are one
+    file); their names by side."""
+    names = {}
+    for side, path in zip(("src", "tgt"), map(Path, paths)):
+        names[side] = path.name
+        if not (directory / path.name).exists():
+            shutil.copyfile(path, directory / path.name)
+    return names
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a model config is a few kB; anything far larger is not one
@@ -167,11 +181,18 @@ def read_meta(model_dir: str | Path) -> dict:
     checked = verify(model_dir, [CONFIG], CheckpointError)
     meta = read_json(path, "model config")
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        if isinstance(meta, dict) and meta.get("model_type") == "marian":  # transformers' own directory
+            raise CheckpointError(f"{model_dir} is a Hugging Face MarianMT directory: convert it first with "
+                                  f"`nmtkit import {model_dir} -o MODEL`")
         raise CheckpointError(f"{path}: not an nmtkit model config")
     spm = meta.get("spm")
     if not (isinstance(spm, dict) and all(isinstance(spm.get(side), str) and plain_name(spm[side])
                                           for side in ("src", "tgt"))):
         raise CheckpointError(f"{path}: spm must name the src and tgt SentencePiece files of the directory")
+    maps = meta.get("id_maps")
+    if maps is not None and not (isinstance(maps, dict) and all(isinstance(maps.get(side), str) and
+                                                                 plain_name(maps[side]) for side in ("src", "tgt"))):
+        raise CheckpointError(f"{path}: id_maps must name the src and tgt id map files of the directory")
     if not checked and meta.get("checksums"):
         raise CheckpointError(f"{model_dir / MANIFEST}: missing ({CONFIG} says the directory has one)")
     return meta
@@ -184,8 +205,7 @@ def model_dir_problem(path: Path) -> Optional[str]:
         meta = read_meta(path)
     except CheckpointError:
         return f"is not an nmtkit model directory (no readable {CONFIG})"
-    spm = meta.get("spm") if isinstance(meta.get("spm"), dict) else {}
-    expected = {*MODEL_FILES, *map(str, spm.values())}
+    expected = {*MODEL_FILES, *vocab_files(meta)}
     missing = sorted(name for name in expected if not (path / name).is_file())
     if missing:
         return f"is an incomplete model directory (no {missing[0]})"
@@ -214,15 +234,22 @@ def plain_name(name: str) -> bool:
 def model_config_from_meta(meta: dict, where: Any) -> ModelConfig:
     """The saved model config, held to the rules a recipe's model section must meet."""
     try:
-        return model_config_from_dict(meta["model"], joint_vocab=meta["spm"]["src"] == meta["spm"]["tgt"])
+        return model_config_from_dict(meta["model"], joint_vocab=joint_vocab(meta))
     except NmtkitError as err:
         raise CheckpointError(f"{where}: incompatible model config ({err})") from None
+
+
+def joint_vocab(meta: dict) -> bool:
+    """Whether the rule "tie_embeddings=all needs one vocabulary" holds for the directory: one
+    SentencePiece model, or id maps (an imported vocabulary: whoever wrote them, ``nmtkit import``
+    or prepare's vocab.from, checked that tied tables share one id map's pieces)."""
+    return meta["spm"]["src"] == meta["spm"]["tgt"] or bool(meta.get("id_maps"))
 
 
 def read_model_weights(model_dir: Path, meta: dict) -> dict[str, torch.Tensor]:
     """The weights of a model directory, after verifying them and its SentencePiece files
     against checksums.json (or, in a directory without one, by the sha256 in config.json)."""
-    checked = verify(model_dir, [WEIGHTS, *sorted(set(meta["spm"].values()))], CheckpointError)
+    checked = verify(model_dir, [WEIGHTS, *vocab_files(meta)], CheckpointError)
     return read_weights(model_dir / WEIGHTS, None if checked else meta.get("weights_sha256"))
 
 
@@ -236,8 +263,7 @@ def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu",
     meta = read_meta(model_dir) if meta is None else meta
     model_cfg = model_config_from_meta(meta, model_dir / CONFIG)
     weights = read_model_weights(model_dir, meta)
-    src_vocab = Vocab(model_dir / meta["spm"]["src"])
-    tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])
+    src_vocab, tgt_vocab = load_vocabs(model_dir, meta)
     model = build_model(model_cfg, len(src_vocab), len(tgt_vocab))
     load_weights(model, weights, model_dir / WEIGHTS)
     model.to(device).eval()

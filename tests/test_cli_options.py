@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import reversal_pairs, tiny_recipe, write_prepared
+from support.marian_models import make_marian
 from nmtkit.cli import app
 
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
@@ -67,7 +68,14 @@ def setup(tmp_path_factory) -> dict:
     (root / "input.txt").write_text("a b c\n")
     (root / "base.txt").write_text(lines.replace("a", "b"))
     export = export_ctranslate2(run / "best", root / "model.ct2")
-    return {"root": root, "run": run, "model": run / "best", "export": export}
+    marian = make_marian(root / "marian", layers=1)  # what `import` reads; a Hub id is never fetched here
+    hub_offline = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield {"root": root, "run": run, "model": run / "best", "export": export, "marian": marian}
+    if hub_offline is None:
+        del os.environ["HF_HUB_OFFLINE"]
+    else:
+        os.environ["HF_HUB_OFFLINE"] = hub_offline
 
 
 def base_invocation(command: str, s: dict) -> tuple[dict[str, list[str]], list[str]]:
@@ -88,6 +96,7 @@ def base_invocation(command: str, s: dict) -> tuple[dict[str, list[str]], list[s
         "attention": ({"--model": [model], "--format": ["json"], "--beam-size": ["1"]}, ["a b c"]),
         "info": ({}, [model]),
         "export": ({"--output": ["exported"]}, [model]),
+        "import": ({"--output": ["imported"]}, [str(s["marian"])]),
         "verses": ({"--output": ["verses.txt"], "--testament": ["new"]}, ["engWEB2015eb"]),  # the quickstart's module
     }[command]
 

@@ -17,7 +17,7 @@ LAYERS = (
     ("data", "models", "scoring"),
     ("modeldir",),
     ("decoding",),
-    ("training", "ctranslate2"),
+    ("training", "ctranslate2", "pretrained"),
     ("viz", "card", "translate_files", "pipeline", "sweep"),
     ("serving",),
     ("cli_options",),

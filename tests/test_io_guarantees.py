@@ -20,7 +20,7 @@ from conftest import save_tiny_model, tiny_sentences
 from support.cli import run_cli
 
 COMMANDS = ("prepare", "train", "translate", "serve", "score", "run", "sweep", "average", "plot", "attention", "info",
-            "export", "verses")
+            "export", "import", "verses")
 
 
 def help_text(*command: str) -> str:

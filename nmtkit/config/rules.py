@@ -199,7 +199,7 @@ def validate(cfg: Config) -> Config:
     if m.arch == "transformer" and m.positions == "rope" and m.key_size % 2:
         size = f"model.key_dim ({m.key_dim})" if m.key_dim else f"d_model / heads ({m.d_model // m.heads})"
         raise ConfigError(f"model.positions=rope rotates pairs of dimensions: {size} must be even")
-    if m.tie_embeddings == "all" and not cfg.vocab.joint:
+    if m.tie_embeddings == "all" and not cfg.vocab.joint and not cfg.vocab.from_:  # vocab.from: checked by prepare
         raise ConfigError("model.tie_embeddings=all needs vocab.joint=true (use 'decoder' or 'none')")
     if estimated_parameters(cfg) > MAX_PARAMETERS:
         raise ConfigError(f"the model would have about {estimated_parameters(cfg):.2g} parameters "

@@ -134,7 +134,12 @@ class ModelConfig:
     activation_dropout: float = 0.0
     pre_norm: bool = False  # the paper is post-norm
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    ffn: Literal["relu", "gelu", "swiglu"] = "relu"
+    ffn: Literal["relu", "gelu", "silu", "swiglu"] = "relu"  # silu: Marian's "swish"
+    embed_scale: bool = True  # token embeddings times sqrt(d_model), as the paper (MarianMT: scale_embedding)
+    # sinusoidal positions: interleaved (the paper: sin on even, cos on odd dims) | halves (all sines,
+    # then all cosines: Marian, tensor2tensor)
+    sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
+    output_bias: bool = False  # a bias on the output layer (MarianMT's final_logits_bias)
     # sinusoidal (the paper) | learned (a table of max_positions rows) | alibi | rope (no table: any training
     # length; translation reads max_positions source pieces unless `translate --max-source-len` says more)
     positions: Literal["sinusoidal", "learned", "alibi", "rope"] = "sinusoidal"
@@ -170,7 +175,7 @@ class ModelConfig:
 # the model keys only one architecture reads; every other key is shared (tests/test_config_arch.py)
 ARCH_KEYS: dict[str, tuple[str, ...]] = {
     "transformer": ("preset", "d_model", "ffn_dim", "heads", "key_dim", "attention_dropout", "activation_dropout", "pre_norm",
-                    "norm", "ffn", "max_positions", "positions", "moe_experts", "moe_top_k", "moe_every",
+                    "norm", "ffn", "embed_scale", "sinusoid_layout", "output_bias", "max_positions", "positions", "moe_experts", "moe_top_k", "moe_every",
                     "moe_aux_weight", "moe_z_weight", "moe_capacity_factor"),
     "rnn": ("cell", "embed_dim", "hidden_dim", "bidirectional", "merge", "attention", "input_feed"),
 }

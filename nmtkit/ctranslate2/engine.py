@@ -31,7 +31,7 @@ import torch
 
 from nmtkit.config import ModelConfig
 from nmtkit.ctranslate2.export import META, import_ctranslate2
-from nmtkit.data.vocab import Vocab
+from nmtkit.data.mapped_vocab import load_vocabs
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
 from nmtkit.errors import CheckpointError, ConfigError
 from nmtkit.modeldir import plain_name, read_json
@@ -105,10 +105,9 @@ class CT2Engine:
         self.input_limit = self.max_positions or (configured if isinstance(configured, int) and configured > 0
                                                   else ModelConfig().max_positions)  # see torch_engine.input_limit
         self.device = torch.device("cpu")  # where Translator pads the source ids
-        self.src_vocab = Vocab(model_dir / meta["spm"]["src"])
-        self.tgt_vocab = Vocab(model_dir / meta["spm"]["tgt"])
+        self.src_vocab, self.tgt_vocab = load_vocabs(model_dir, meta)
         self.description = f"with CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
-        self.never = [[self.tgt_vocab.sp.IdToPiece(PAD)], [self.tgt_vocab.sp.IdToPiece(BOS)]]  # as our search
+        self.never = [self.tgt_vocab.pieces([PAD]), self.tgt_vocab.pieces([BOS])]  # as our search
         if options.sample:
             self.reseed(options.seed)
         self.search_settings = self.bind(options)
@@ -167,7 +166,7 @@ class CT2Engine:
     def _hypothesis(self, result, k: int, limit: int, src_len: int) -> Hypothesis:
         """CTranslate2's k-th hypothesis as ours: ids cut to ``limit``, GNMT score."""
         pieces = result.hypotheses[k]
-        tokens = [self.tgt_vocab.sp.PieceToId(piece) for piece in pieces]
+        tokens = [self.tgt_vocab.piece_id(piece) for piece in pieces]
         # CTranslate2's score is logprob / n ** lenpen, n the generated pieces (EOS included)
         logprob = result.scores[k] * max(len(tokens), 1) ** self.options.lenpen
         if tokens and tokens[-1] == EOS:

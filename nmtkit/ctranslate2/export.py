@@ -11,14 +11,15 @@ The weights go straight from our modules into CTranslate2's Python spec
 How our Transformer maps onto the spec:
 - post-norm (the paper) or pre-norm: the spec's ``pre_norm`` flag; pre-norm stacks end in
   our final ``encoder_norm`` / ``decoder_norm``, which are the spec's ``layer_norm``.
-- sinusoidal or learned positions: our own tables are written as the spec's position
-  encodings (one per side), so no two sinusoid conventions can disagree; embeddings are
-  scaled by sqrt(d_model) in both.
+- sinusoidal (either layout) or learned positions: our own tables are written as the spec's
+  position encodings (one per side), so no two sinusoid conventions can disagree; embeddings
+  are scaled by sqrt(d_model) in both, or in neither (``embed_scale``).
 - RoPE: the spec's rotary self-attention in encoder and decoder (all head dimensions, base
   10000, the half-split pairing: ``rotary_interleave=False``); no position table.
 - fused projections line up: self-attention q|k|v is one [3D, D] matrix in both, cross-
   attention is q then a fused k|v [2D, D]; tied embeddings are aliased by CTranslate2.
-- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU or GELU (erf) FFN, or SwiGLU as a gated
+- an output bias (``output_bias``) is the projection's bias.
+- LayerNorm (eps 1e-5) or RMSNorm (eps 1e-6); ReLU, GELU (erf) or SiLU FFN, or SwiGLU as a gated
   FFN whose gate half goes through SiLU ("swish").
 - vocabulary: the SentencePiece pieces in the order of our ids, so ids agree one to one;
   our specials (pad 0, unk 1, bos 2, eos 3) are named to CTranslate2 by their pieces.
@@ -33,6 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from nmtkit.data.mapped_vocab import vocab_files
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.modeldir import load_model_dir
 from nmtkit.models.positions import ROPE_BASE
@@ -105,7 +107,7 @@ def _empty_spec(cfg):
     from ctranslate2.specs import common_spec, transformer_spec
 
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swiglu": common_spec.Activation.SWISH}[cfg.ffn]
+                  "silu": common_spec.Activation.SWISH, "swiglu": common_spec.Activation.SWISH}[cfg.ffn]
     shared = dict(pre_norm=cfg.pre_norm, activation=activation, ffn_glu=cfg.ffn == "swiglu",
                   rms_norm=cfg.norm == "rmsnorm")
     if cfg.positions == "rope":  # ROPE_BASE and the half-split pairing of positions.rotate
@@ -128,11 +130,11 @@ def build_spec(model, vocab_pieces: tuple[list[str], list[str]]):
     enc, dec = spec.encoder, spec.decoder
     enc.embeddings[0].weight = _array(model.src_embed.weight)
     dec.embeddings.weight = _array(model.tgt_embed.weight)
-    enc.scale_embeddings = dec.scale_embeddings = True  # x sqrt(d_model), as Transformer._embed
+    enc.scale_embeddings = dec.scale_embeddings = cfg.embed_scale  # x sqrt(d_model) or not, as Transformer._embed
     if cfg.positions != "rope":
         enc.position_encodings.encodings = _array(model.positions.table_of("src"))
         dec.position_encodings.encodings = _array(model.positions.table_of("tgt"))
-    dec.projection.weight = _array(model.output_proj.weight)
+    _linear(dec.projection, model.output_proj)  # with its bias when model.output_bias
     if cfg.pre_norm:
         _norm(enc.layer_norm, model.encoder_norm)
         _norm(dec.layer_norm, model.decoder_norm)
@@ -167,7 +169,7 @@ def export_dir_problem(path: Path) -> Optional[str]:
     one, so an explicit ``-o`` may replace it)."""
     try:
         meta = json.loads((path / META).read_text(encoding="utf-8"))
-        spm = set(map(str, meta["spm"].values()))
+        spm = set(map(str, vocab_files(meta)))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return f"is not a CTranslate2 export of nmtkit (no readable {META})"
     if not (path / "model.bin").is_file():
@@ -192,16 +194,17 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         raise ConfigError(f"{model_dir}: only Transformer models export to CTranslate2 (this is {cfg.arch!r})")
     if unsupported_setting(cfg):  # before any file is written
         raise ConfigError(f"{model_dir}: cannot export to CTranslate2: {unsupported_setting(cfg)}")
-    pieces = tuple([vocab.sp.IdToPiece(i) for i in range(len(vocab))] for vocab in (loaded.src_vocab, loaded.tgt_vocab))
+    pieces = tuple(vocab.pieces(range(len(vocab))) for vocab in (loaded.src_vocab, loaded.tgt_vocab))
     spec, ct2_version = build_spec(loaded.model, pieces)
     spec.optimize(quantization=quantization)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with temp_beside(out_dir, directory=True) as tmp:
         spec.save(str(tmp))
-        for name in set(loaded.meta["spm"].values()):
+        for name in vocab_files(loaded.meta):
             shutil.copyfile(Path(model_dir) / name, tmp / name)
         meta = {"format": "ctranslate2", "ctranslate2_version": ct2_version, "quantization": quantization or "float32",
                 "source_model": str(Path(model_dir).resolve()), "spm": loaded.meta["spm"],
+                **({"id_maps": loaded.meta["id_maps"]} if loaded.meta.get("id_maps") else {}),
                 "source_weights_sha256": loaded.meta.get("weights_sha256"),  # is the source still this model?
                 "max_positions": loaded.model.max_positions, "heads": cfg.heads,  # None: no limit (RoPE)
                 "model": loaded.meta["model"], "checksums": MANIFEST,

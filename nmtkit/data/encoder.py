@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from nmtkit.data.ids import SplitWriter
+from nmtkit.data.mapped_vocab import open_vocab
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import DataError
 from nmtkit.specials import UNK
@@ -109,7 +110,7 @@ def _encode_chunk(models: tuple[str, str], src: bytes, tgt: bytes) -> tuple[np.n
     for model, raw in zip(models, (src, tgt)):
         lines = raw.decode("utf-8").removesuffix("\n").split("\n")
         if model not in _VOCABS:
-            _VOCABS[model] = Vocab(model)
+            _VOCABS[model] = open_vocab(model)  # numbered by its id map, when it has one
         ids = _VOCABS[model].encode_batch(lines)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         out += [np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths]

@@ -59,7 +59,8 @@ from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
 from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
-from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, spm_model_type, train_spm
+from nmtkit.data.mapped_vocab import id_map_of, open_vocab
+from nmtkit.data.vocab import reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.storage.checksums import MANIFEST, write_manifest
 from nmtkit.storage.files import atomic_open, exclusive, sha256_file, write_text_if_changed
@@ -206,6 +207,7 @@ def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     vocab = cfg.vocab
     if vocab.from_:  # the reused models themselves, whatever text they were trained on
         models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
+        models.update({id_map_of(name).name: id_map_of(path) for name, path in models.items() if id_map_of(path).is_file()})
         inputs = {"format": FORMAT, "from": {name: sha256_file(path) for name, path in models.items()},
                   "size": vocab.size, "type": vocab.type}  # the type: checked against the models on a re-run
     else:
@@ -233,17 +235,20 @@ def _spm_options(vocab, changed_only: bool = False) -> dict:
 def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
     """Train the SentencePiece model(s), or copy them from ``vocab.from``, into ``out``."""
     vocab = cfg.vocab
-    for name in {*spm_files(True), *spm_files(False)} - set(spm_files(vocab.joint)):  # the other layout's: stale
-        for path in (out / name, (out / name).with_suffix(".vocab")):
+    for name in {*spm_files(True), *spm_files(False)}:  # the other layout's, and any id map: stale
+        stale = [id_map_of(out / name)] + ([] if name in spm_files(vocab.joint) else
+                                           [out / name, (out / name).with_suffix(".vocab")])
+        for path in stale:
             path.unlink(missing_ok=True)
     models = _reuse_vocab(cfg, out) if vocab.from_ else _train_vocab(cfg, out, fetch, console)
     report = {"type": vocab.type, "joint": vocab.joint,
-              "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models},
-              "byte_fallback": all(Vocab(out / name).byte_fallback for name in models)}
+              "models": {name: {"size": len(open_vocab(out / name)), "sha256": sha256_file(out / name)}
+                         for name in models},
+              "byte_fallback": all(open_vocab(out / name).byte_fallback for name in models)}
     if vocab.from_:
         report["from"] = str(Path(vocab.from_).expanduser().resolve())
-    return report, [file for name in models for file in (name, str(Path(name).with_suffix(".vocab")))
-                    if (out / file).is_file()]
+    return report, [file for name in models for file in (name, str(Path(name).with_suffix(".vocab")),
+                                                         id_map_of(name).name) if (out / file).is_file()]
 
 
 def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
@@ -291,8 +296,9 @@ def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
     and each corpus tag a reserved piece of the source model."""
     vocab = cfg.vocab
     models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
+    _check_one_id_space(cfg, models)
     for source in models.values():
-        size = len(Vocab(source))
+        size = len(open_vocab(source))
         if size != vocab.size:
             raise ConfigError(f"vocab.size is {vocab.size} but {source} (vocab.from) has {size} pieces; "
                               f"set vocab.size: {size}")
@@ -302,14 +308,28 @@ def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
             raise ConfigError(f"vocab.type is {vocab.type} but {source} (vocab.from) is a {kind} model; {fix}")
     src_model = models[spm_files(vocab.joint)[0]]
     for tag in cfg.data.tags:
-        if not Vocab(src_model).is_reserved(tag):
+        if not open_vocab(src_model).is_reserved(tag):
             raise ConfigError(f"the corpus tag {tag} is not a reserved piece of {src_model} (vocab.from): "
                               f"reuse a model trained with that tag, or train a new vocabulary")
     for name, source in models.items():
         with atomic_open(out / name, "wb") as handle:
             handle.write(source.read_bytes())
         (out / name).with_suffix(".vocab").unlink(missing_ok=True)  # a trained model's piece list: not this one's
+        if id_map_of(source).is_file():  # an imported model's numbering goes with its model
+            with atomic_open(id_map_of(out / name), "wb") as handle:
+                handle.write(id_map_of(source).read_bytes())
     return list(models)
+
+
+def _check_one_id_space(cfg: Config, models: dict) -> None:
+    """Separate models tied as one table (model.tie_embeddings=all) must number their pieces alike:
+    only an imported model's two SentencePiece models over one id map do."""
+    if cfg.vocab.joint or cfg.model.tie_embeddings != "all":
+        return
+    src, tgt = (open_vocab(path) for path in models.values())
+    if src.pieces(range(len(src))) != tgt.pieces(range(len(tgt))):
+        raise ConfigError(f"model.tie_embeddings=all needs one vocabulary, but {cfg.vocab.from_} (vocab.from) has "
+                          f"two; set model.tie_embeddings: decoder or none")
 
 
 # --- encode: ids for every split, length rules on train ----------------------------------------
@@ -329,7 +349,7 @@ def _encode(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[st
     rules (train) and into the id files and the kept training text, one chunk at a time in memory."""
     data, clean = cfg.data, cfg.data.clean
     models = tuple(out / name for name in spm_files(cfg.vocab.joint))
-    sizes = tuple(len(Vocab(model)) for model in models)  # ids stored as uint16 when they fit
+    sizes = tuple(len(open_vocab(model)) for model in models)  # ids stored as uint16 when they fit
     lines = fetch["files"][f"train.prefilter.{data.src_lang}"]["lines"]
     workers = 1 if lines < Encoder.MIN_PARALLEL_LINES else (cfg.vocab.workers or os.cpu_count() or 1)
     corpus_ends = np.cumsum([corpus["kept"] for corpus in fetch["corpora"]]) if "corpora" in fetch else None

@@ -80,20 +80,26 @@ def with_tag(text: str, tag: str) -> str:
     return f"{tag} {text}" if tag else text
 
 
+def load_spm(path: Path):
+    """A SentencePieceProcessor of ``path``, or a one-line DataError."""
+    import sentencepiece as spm
+
+    if not path.is_file():
+        raise DataError(f"SentencePiece model not found: {path}")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(path))
+    except (OSError, RuntimeError) as err:
+        raise DataError(f"{path}: not a valid SentencePiece model ({err})") from None
+    return sp
+
+
 class Vocab:
     """A loaded SentencePiece model: text <-> ids without BOS/EOS."""
 
     def __init__(self, path: str | Path) -> None:
-        import sentencepiece as spm
-
         self.path = Path(path)
-        if not self.path.is_file():
-            raise DataError(f"SentencePiece model not found: {self.path}")
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(str(self.path))
-        except (OSError, RuntimeError) as err:
-            raise DataError(f"{self.path}: not a valid SentencePiece model ({err})") from None
+        self.sp = load_spm(self.path)
         if self.sp.pad_id() != PAD or self.sp.eos_id() != EOS:
             raise DataError(f"{self.path}: special ids differ from pad=0 unk=1 bos=2 eos=3")
 
@@ -111,6 +117,14 @@ class Vocab:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.sp.IdToPiece(int(i)) for i in ids]
+
+    def piece_id(self, piece: str) -> int:
+        """The id of ``piece`` (UNK when the model has no such piece)."""
+        return self.sp.PieceToId(piece)
+
+    def tag_for(self, lang: str) -> str:
+        """The tag that asks a multilingual model for ``lang``: <2es> in the models nmtkit trains."""
+        return target_tag(lang)
 
     def is_reserved(self, piece: str) -> bool:
         """Whether ``piece`` is one piece wherever it appears (a tag reserved when the model was
@@ -251,6 +265,13 @@ def sampled_lines(lines: Iterable[str], total: int, size: int, seed: int) -> Ite
                 return
 
 
+def id_map_of(spm_path: str | Path) -> Path:
+    """Where the id map of a SentencePiece model lives, if it has one (an imported model's:
+    data/mapped_vocab.py): beside it, ``spm.src.model`` -> ``spm.src.ids.json``. A copy of the
+    model (prepare's ``vocab.from``, a checkpoint) takes it along."""
+    return Path(spm_path).with_suffix(".ids.json")
+
+
 def reused_models(directory: str | Path, joint: bool) -> tuple[Path, Path]:
     """The (source, target) SentencePiece models of a model or prepared directory (``vocab.from``),
     verified against its checksums.json when it has one. nmtkit names them alike in both kinds
@@ -267,5 +288,6 @@ def reused_models(directory: str | Path, joint: bool) -> tuple[Path, Path]:
         raise ConfigError(f"vocab.joint={str(joint).lower()} but {directory} (vocab.from) has {found}; "
                           f"set vocab.joint: {str(layouts[0]).lower()}")
     names = spm_files(joint)
-    verify(directory, sorted(set(names)), DataError)
+    maps = [id_map_of(name).name for name in set(names) if id_map_of(directory / name).is_file()]
+    verify(directory, sorted({*names, *maps}), DataError)
     return directory / names[0], directory / names[1]

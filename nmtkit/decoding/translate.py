@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from nmtkit.data.vocab import target_tag, with_tag
+from nmtkit.data.vocab import with_tag
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.batching import pad_sources, token_batches
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
@@ -149,7 +149,7 @@ def target_tag_for(src_vocab, lang: str, name: str = "--target-lang") -> str:
     ConfigError naming the languages it has, ``lang`` given as ``name`` (a flag, a JSON field)."""
     if not lang:
         return ""
-    tag = target_tag(lang)
+    tag = src_vocab.tag_for(lang)  # <2es>; >>spa<< in an imported MarianMT model
     if not src_vocab.is_reserved(tag):
         languages = src_vocab.target_languages()
         known = f"its target languages: {', '.join(languages)}" if languages else \

@@ -29,8 +29,8 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: ReLU (the paper), GELU (Hendrycks & Gimpel 2016, exact erf form)
-    or SwiGLU (Shazeer 2020, the hidden layer doubled into a SiLU gate and a value)."""
+    """Position-wise FFN: ReLU (the paper), GELU (Hendrycks & Gimpel 2016, exact erf form),
+    SiLU (Marian's "swish", x * sigmoid(x)) or SwiGLU (Shazeer 2020, the hidden layer doubled into a SiLU gate and a value)."""
 
     def __init__(self, dim: int, hidden: int, kind: str = "relu", activation_dropout: float = 0.0) -> None:
         super().__init__()
@@ -45,7 +45,7 @@ class FeedForward(nn.Module):
             gate, value = h.chunk(2, dim=-1)
             h = F.silu(gate) * value
         else:
-            h = F.gelu(h) if self.kind == "gelu" else F.relu(h)
+            h = F.gelu(h) if self.kind == "gelu" else F.silu(h) if self.kind == "silu" else F.relu(h)
         return self.fc_out(self.dropout(h))
 
 

@@ -32,8 +32,15 @@ KINDS = ("sinusoidal", "learned", "alibi", "rope")
 ROPE_BASE = 10000.0
 
 
-def sinusoidal_positions(length: int, dim: int) -> Tensor:
-    """[length, dim] table of Vaswani et al. 2017 sec. 3.5: sin on even, cos on odd dims."""
+def sinusoidal_positions(length: int, dim: int, layout: str = "interleaved") -> Tensor:
+    """[length, dim] table of Vaswani et al. 2017 sec. 3.5: sin on even, cos on odd dims; with
+    ``layout="halves"`` the same frequencies as all sines then all cosines (Marian's layout),
+    computed in float64 so that it equals a float64 reference table rounded once."""
+    if layout == "halves":
+        position64 = torch.arange(length, dtype=torch.float64)[:, None]
+        freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+        angles = position64 * freq  # (length, dim/2)
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)[:, :dim].float()
     position = torch.arange(length, dtype=torch.float32)[:, None]
     inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
     table = torch.zeros(length, dim)
@@ -105,14 +112,16 @@ class Positions(nn.Module):
     """The position scheme of one Transformer: what embeddings get, and what each
     self-attention gets (a mask or additive bias, and RoPE tables)."""
 
-    def __init__(self, kind: str, max_positions: int, dim: int, heads: int, rotary_dim: int) -> None:
+    def __init__(self, kind: str, max_positions: int, dim: int, heads: int, rotary_dim: int,
+                 layout: str = "interleaved") -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"unknown positions {kind!r}")
         self.kind, self.heads = kind, heads
         self.rotary_dim = rotary_dim  # RoPE rotates queries and keys: their per-head size
         if kind == "sinusoidal":
-            self.register_buffer("table", sinusoidal_positions(max_positions, dim), persistent=False)
+            self.register_buffer("table", sinusoidal_positions(max_positions, dim, layout),
+                                 persistent=False)
         elif kind == "learned":  # one table per side, at the sinusoid's scale (variance 1/2)
             self.src_embed = nn.Parameter(torch.randn(max_positions, dim) * 0.5 ** 0.5)
             self.tgt_embed = nn.Parameter(torch.randn(max_positions, dim) * 0.5 ** 0.5)

@@ -131,7 +131,7 @@ class Transformer(Seq2Seq):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.embed_scale = math.sqrt(d)
+        self.embed_scale = math.sqrt(d) if cfg.embed_scale else 1.0
         self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=PAD)
         if cfg.tie_embeddings == "all":
             if src_vocab_size != tgt_vocab_size:
@@ -139,8 +139,8 @@ class Transformer(Seq2Seq):
             self.tgt_embed = self.src_embed
         else:
             self.tgt_embed = nn.Embedding(tgt_vocab_size, d, padding_idx=PAD)
-        self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
-        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads, cfg.key_size)
+        self.output_proj = nn.Linear(d, tgt_vocab_size, bias=cfg.output_bias)
+        self.positions = Positions(cfg.positions, cfg.max_positions, d, cfg.heads, cfg.key_size, cfg.sinusoid_layout)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.decoder_layers))

@@ -308,7 +308,8 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
             acc = total.setdefault(name, torch.zeros_like(tensor, dtype=torch.float64))
             acc += tensor.double()
     averaged = {k: (v / len(chosen)).to(newest.model.state_dict()[k].dtype) for k, v in total.items()}
-    meta = {k: v for k, v in newest.meta.items() if k not in ("model", "spm", "weights_sha256", "nmtkit_version")}
+    meta = {k: v for k, v in newest.meta.items()
+            if k not in ("model", "spm", "id_maps", "weights_sha256", "nmtkit_version")}
     meta["averaged_from"] = [p.name for p in chosen]
     return save_model_dir(newest.model, newest.model_cfg, out, chosen[-1] / newest.meta["spm"]["src"],
                           chosen[-1] / newest.meta["spm"]["tgt"], meta, weights=averaged)

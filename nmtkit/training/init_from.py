@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.config import Config
+from nmtkit.data.vocab import id_map_of
 from nmtkit.errors import ConfigError
 from nmtkit.modeldir import CONFIG, load_weights, model_config_from_meta, read_meta, read_model_weights
 from nmtkit.storage.files import sha256_file, shown_path
@@ -57,9 +58,14 @@ def init_source(cfg: Config) -> Optional[InitSource]:
 def check_vocabulary(init: InitSource, src_spm: Path, tgt_spm: Path) -> None:
     """The prepared data must be encoded with the init model's own SentencePiece model(s):
     the same id must mean the same piece."""
+    maps = init.meta.get("id_maps") or {}
     for side, prepared in (("src", src_spm), ("tgt", tgt_spm)):
         theirs = init.path / init.meta["spm"][side]
-        if sha256_file(prepared) != sha256_file(theirs):
+        same = sha256_file(prepared) == sha256_file(theirs)
+        if side in maps or id_map_of(prepared).is_file():  # an imported vocabulary: its numbering too
+            same = same and side in maps and id_map_of(prepared).is_file() and \
+                sha256_file(id_map_of(prepared)) == sha256_file(init.path / maps[side])
+        if not same:
             raise ConfigError(f"train.init_from: {init.path} has another {side} vocabulary ({theirs.name}) than "
                               f"the prepared data ({prepared}); prepare with vocab.from: {init.path}")
 

@@ -13,7 +13,8 @@ from nmtkit.config import Config
 from nmtkit.data.identity import (changes, identity, prepared_settings, read_record, settings_changes,
                                   with_defaults, write_record)
 from nmtkit.data.ids import ParallelIds, load_split, prepared_file
-from nmtkit.data.vocab import Vocab, spm_files
+from nmtkit.data.mapped_vocab import open_vocab
+from nmtkit.data.vocab import Vocab, id_map_of, spm_files
 from nmtkit.errors import CheckpointError, ConfigError, DataError
 from nmtkit.modeldir import load_weights
 from nmtkit.runlog import check_resume_settings
@@ -97,8 +98,11 @@ def prepared_vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
         raise DataError(f"{shown_path(src_path, 'workdir', cfg.work_path)} not found: run `nmtkit prepare` on this "
                         f"recipe first")
     src_path, tgt_path = prepared_file(src_path), prepared_file(tgt_path)
+    for path in (src_path, tgt_path):  # an imported model's id maps, when vocab.from brought them
+        if id_map_of(path).is_file():
+            prepared_file(id_map_of(path))
     check_prepared_settings(cfg, prepared)
-    return src_path, tgt_path, Vocab(src_path), Vocab(tgt_path)
+    return src_path, tgt_path, open_vocab(src_path), open_vocab(tgt_path)
 
 
 def check_prepared_settings(cfg: Config, prepared: Path) -> None:

@@ -109,6 +109,10 @@ class Trainer:
         if cfg.train.subword_alpha > 0:
             from nmtkit.data.subword_sampling import SubwordSampler
 
+            if hasattr(src_vocab, "original_ids"):  # sampling draws SentencePiece's own ids
+                raise ConfigError("train.subword_alpha: an imported vocabulary (numbered by an id map) cannot be "
+                                  "sampled; set train.subword_alpha: 0")
+
             t = cfg.train
             self.sampler = SubwordSampler(self.train_data, (src_vocab, tgt_vocab), cfg.vocab.type, t.subword_alpha,
                                           t.subword_nbest, t.seed, getattr(model, "max_positions", None),

@@ -1,0 +1,106 @@
+"""`nmtkit export --format marian`: transformers loads the directory and computes what nmtkit
+computes; import then export gives back the original tensors; what Marian cannot express is
+one line naming the setting."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_sentences
+from support.cli import cli_in_process
+from support.marian_models import make_marian
+
+from nmtkit.config import ModelConfig
+from nmtkit.modeldir import load_model_dir, save_model_dir
+from nmtkit.models.build import build_model
+from nmtkit.pretrained.marian_export import export_marian
+from nmtkit.pretrained.marian_import import import_marian
+from nmtkit.specials import BOS, EOS, PAD
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(shared=False, activation="relu", scale=False)],
+                         ids=["shared", "separate"])
+def test_import_then_export_gives_back_the_same_tensors(tmp_path, shape):
+    from safetensors.torch import load_file
+    from transformers import MarianMTModel, MarianTokenizer
+
+    original = make_marian(tmp_path / "hf", **shape)
+    exported = export_marian(import_marian(str(original), tmp_path / "model"), tmp_path / "back")
+    before, after = load_file(str(original / "model.safetensors")), load_file(str(exported / "model.safetensors"))
+    assert sorted(before) == sorted(after)
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+    for name in ("vocab.json", "target_vocab.json"):
+        if (original / name).exists():
+            assert json.loads((exported / name).read_text()) == json.loads((original / name).read_text())
+    lines = tiny_sentences(5, 3)
+    ours, theirs = (MarianTokenizer.from_pretrained(d)(lines, return_tensors="pt", padding=True)
+                    for d in (exported, original))
+    assert torch.equal(ours.input_ids, theirs.input_ids)
+    a, b = (MarianMTModel.from_pretrained(d).eval().generate(**theirs, num_beams=2, max_new_tokens=8)
+            for d in (original, exported))
+    assert torch.equal(a, b)
+
+
+def native_model(tmp_path: Path, spm: Path, **model) -> Path:
+    cfg = ModelConfig(**{**dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=1, dropout=0.0,
+                                max_positions=64), **model})
+    torch.manual_seed(0)
+    net = build_model(cfg, 40, 40)
+    with torch.no_grad():
+        for param in net.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    return save_model_dir(net, cfg, tmp_path / "native", spm, spm)
+
+
+@pytest.mark.parametrize("model", [dict(), dict(ffn="gelu", tie_embeddings="none")], ids=["paper", "gelu-untied"])
+def test_a_trained_model_computes_the_same_in_transformers(tmp_path, tiny_spm, model):
+    """The paper's interleaved sinusoids go out as Marian's layout with the model dimensions
+    permuted: transformers' log-probabilities equal ours on the same ids (MarianTokenizer's
+    source ends in </s>, which nmtkit's own sources do not; fed the same ids, the same numbers)."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    loaded = load_model_dir(native_model(tmp_path, tiny_spm, **model))
+    exported = export_marian(tmp_path / "native", tmp_path / "marian")
+    hf, tokenizer = MarianMTModel.from_pretrained(exported).eval(), MarianTokenizer.from_pretrained(exported)
+    sources, targets = tiny_sentences(4, 1), tiny_sentences(4, 2)
+    batch = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
+    for row, line in enumerate(sources):
+        assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == loaded.src_vocab.encode(line) + [EOS]
+    tgt_in = torch.cat([torch.full((len(targets), 1), BOS), batch.labels[:, :-1]], 1)
+    tgt_in = tgt_in.masked_fill(tgt_in.eq(BOS) & (torch.arange(tgt_in.size(1)) > 0), PAD)  # HF pads labels with <pad>
+    with torch.no_grad():
+        theirs = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).logits
+        ours = loaded.model(batch.input_ids.masked_fill(~batch.attention_mask.bool(), PAD),
+                            batch.attention_mask.bool(), tgt_in)
+    keep = batch.labels.ne(BOS)  # exported <pad> is our BOS id
+    torch.testing.assert_close(theirs.log_softmax(-1)[keep], ours.log_softmax(-1)[keep], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("setting", [dict(pre_norm=True), dict(ffn="swiglu"), dict(positions="learned")])
+def test_what_marian_cannot_express_is_one_line(tmp_path, tiny_spm, monkeypatch, capsys, setting):
+    native_model(tmp_path, tiny_spm, **setting)
+    code, out, err = cli_in_process(monkeypatch, capsys, "export", str(tmp_path / "native"), "--format", "marian",
+                                    "-o", str(tmp_path / "out"))
+    key, value = next(iter(setting.items()))
+    assert code != 0 and err.count("\n") == 1 and f"model.{key}={str(value).lower()}" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_replaces_only_its_own_directories(tmp_path, tiny_spm, monkeypatch, capsys):
+    native_model(tmp_path, tiny_spm)
+    args = ["export", str(tmp_path / "native"), "--format", "marian", "-o", str(tmp_path / "out")]
+    for _ in range(2):  # a second export replaces the first
+        code, _, err = cli_in_process(monkeypatch, capsys, *args)
+        assert code == 0, err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    code, _, err = cli_in_process(monkeypatch, capsys, *args[:-1], str(tmp_path / "mine"))
+    assert code == 2 and "nmtkit replaces only" in err and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    code, _, err = cli_in_process(monkeypatch, capsys, *args, "--quantization", "int8")
+    assert code == 2 and "--quantization is for --format ctranslate2" in err

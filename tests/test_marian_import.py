@@ -1,0 +1,119 @@
+"""`nmtkit import` of MarianMT models: log-probabilities and translations equal transformers'
+on tiny random models of several shapes, and bad input is one line."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_sentences
+from support.marian_models import make_marian
+
+from nmtkit.decoding.options import TranslateOptions
+from nmtkit.decoding.translate import translate_lines
+from nmtkit.modeldir import load_model_dir
+from nmtkit.pretrained.marian_import import import_marian
+from nmtkit.specials import BOS, EOS, PAD
+
+transformers = pytest.importorskip("transformers")
+
+SHAPES = {"shared-swish-scaled": dict(),
+          "separate-relu-unscaled": dict(shared=False, activation="relu", scale=False),
+          "shared-gelu-untied": dict(activation="gelu", tied=False),
+          "multilingual": dict(codes=(">>fra<<", ">>deu<<"))}
+
+
+def hf_pair(directory: Path):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    return MarianMTModel.from_pretrained(directory).eval(), MarianTokenizer.from_pretrained(directory)
+
+
+def our_logprobs(loaded, sources: list[str], targets: list[str]) -> list[torch.Tensor]:
+    """Teacher-forced log p(y_t) of each target piece and its EOS, in one padded batch."""
+    src_ids = [loaded.src_vocab.encode(s) for s in sources]
+    tgt_ids = [loaded.tgt_vocab.encode(t) + [EOS] for t in targets]
+    src = torch.full((len(sources), max(map(len, src_ids))), PAD)
+    tgt_in = torch.full((len(targets), max(map(len, tgt_ids))), PAD)
+    tgt_out = tgt_in.clone()
+    for row, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+        src[row, :len(s)] = torch.tensor(s)
+        tgt_in[row, :len(t)] = torch.tensor([BOS] + t[:-1])
+        tgt_out[row, :len(t)] = torch.tensor(t)
+    with torch.no_grad():
+        lprobs = loaded.model(src, src.ne(PAD), tgt_in).log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]
+    return [lprobs[row, :len(t)] for row, t in enumerate(tgt_ids)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_teacher_forced_logprobs_equal_marian(tmp_path, shape):
+    hf_dir = make_marian(tmp_path / "hf", **SHAPES[shape])
+    loaded = load_model_dir(import_marian(str(hf_dir), tmp_path / "model"))
+    hf, tokenizer = hf_pair(hf_dir)
+    code = ">>deu<< " if shape == "multilingual" else ""
+    sources = [code + line for line in tiny_sentences(8, 1)]
+    targets = tiny_sentences(8, 2)
+    batch = tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).logits
+    theirs = logits.log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
+    for row, ours in enumerate(our_logprobs(loaded, sources, targets)):
+        marian_ids = [loaded.src_vocab.original_ids[i] for i in loaded.src_vocab.encode(sources[row])]
+        assert marian_ids == batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
+        torch.testing.assert_close(ours, theirs[row, :len(ours)], atol=1e-4, rtol=0)
+
+
+def hf_translations(hf, tokenizer, lines: list[str], beam: int, max_pieces: int,
+                    sequences: list | None = None) -> list[str]:
+    """transformers' generate with our search's rules: pad never generated, raw log-prob ranking
+    (lenpen 0), at most ``max_pieces`` pieces and then EOS. ``sequences``: gets each output's ids."""
+    out = []
+    pad = hf.config.pad_token_id
+    for start in range(0, len(lines), 50):
+        batch = tokenizer(lines[start:start + 50], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            ids = hf.generate(**batch, num_beams=beam, do_sample=False, max_new_tokens=max_pieces + 1,
+                              length_penalty=0.0, early_stopping=True, bad_words_ids=[[pad]],
+                              num_return_sequences=1)
+        out += tokenizer.batch_decode(ids, skip_special_tokens=True)
+        if sequences is not None:  # the decoder start, then the output up to its EOS (pad after it)
+            sequences += [[pad] + [t for t in row[1:].tolist() if t != pad] for row in ids]
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_equal_marian_generate(tmp_path, beam):
+    hf_dir = make_marian(tmp_path / "hf", seed=3)
+    loaded = load_model_dir(import_marian(str(hf_dir), tmp_path / "model"))
+    hf, tokenizer = hf_pair(hf_dir)
+    lines = [" ".join(line.split()[:4]) for line in tiny_sentences(200, 7)]
+    options = TranslateOptions(beam_size=beam, lenpen=0.0, max_len_a=0.0, max_len_b=12, min_len=0, device="cpu",
+                               dtype="float32")
+    ours = translate_lines([loaded], lines, options)
+    sequences: list = []
+    theirs = hf_translations(hf, tokenizer, lines, beam, 12, sequences)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(lines), [(a, b) for a, b in zip(ours, theirs) if a != b][:3]
+    assert more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options) == \
+        len(lines) - same
+
+
+def more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options) -> int:
+    """Of the lines where the outputs differ, how many have nmtkit's output at least as probable
+    as generate's, both scored by MarianMTModel itself: where they differ, generate's beam did
+    not return its most probable finished hypothesis (greedy outputs never differ)."""
+    scored = dataclasses.replace(options, scores=True)  # "logprob \t text" (lenpen 0: the raw log-probability)
+    count = 0
+    for line, mine, other, ids in zip(lines, ours, theirs, sequences):
+        if mine == other:
+            continue
+        mine_logprob = float(translate_lines([loaded], [line], scored)[0].split("\t")[0])
+        batch = tokenizer([line], return_tensors="pt")
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            logits = hf(**batch, decoder_input_ids=ids[:, :-1]).logits
+        other_logprob = float(logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).sum())
+        count += mine_logprob >= other_logprob - 1e-4
+    return count
