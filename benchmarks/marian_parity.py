@@ -2,7 +2,8 @@
 transformers (the tests' builder, tests/support/marian_models.py), the largest difference between
 nmtkit's and transformers' teacher-forced log-probabilities, how many of N inputs greedy and beam-4
 search translate exactly as ``generate`` does (lenpen 0 on both sides, pad never generated,
-at most 12 pieces then EOS), and of the others, how many of nmtkit's outputs are at least as
+at most 12 pieces then EOS; the imported model's other decode defaults, so the EOS forced at
+the limit scores 0 on both sides), and of the others, how many of nmtkit's outputs are at least as
 probable as generate's by MarianMTModel's own scoring. Prints one JSON object.
 
     python benchmarks/marian_parity.py --inputs 200
@@ -31,9 +32,11 @@ def measure(shape: dict, inputs: int, work: Path, seed: int) -> dict:
     from nmtkit.decoding.translate import translate_lines
     from nmtkit.modeldir import load_model_dir
     from nmtkit.pretrained.marian_import import import_marian
+    from nmtkit.translate_files import saved_decode_settings
 
     hf_dir = make_marian(work / "hf", seed=seed, **shape)
-    loaded = load_model_dir(import_marian(str(hf_dir), work / "model"))
+    model_dir = import_marian(str(hf_dir), work / "model")
+    loaded = load_model_dir(model_dir)
     hf, tokenizer = hf_pair(hf_dir)
     code = ">>deu<< " if shape.get("codes") else ""
     sources, targets = [code + s for s in tiny_sentences(64, seed + 1)], tiny_sentences(64, seed + 2)
@@ -46,8 +49,8 @@ def measure(shape: dict, inputs: int, work: Path, seed: int) -> dict:
     lines = [code + " ".join(line.split()[:4]) for line in tiny_sentences(inputs, seed + 3)]
     out = {"max_abs_logprob_difference": diff}
     for beam in (1, 4):
-        options = TranslateOptions(beam_size=beam, lenpen=0.0, max_len_a=0.0, max_len_b=12, min_len=0,
-                                   device="cpu", dtype="float32")
+        options = TranslateOptions.from_decode(saved_decode_settings(model_dir), beam_size=beam, lenpen=0.0,
+                                               max_len_a=0.0, max_len_b=12, min_len=0, device="cpu", dtype="float32")
         ours, sequences = translate_lines([loaded], lines, options), []
         theirs = hf_translations(hf, tokenizer, lines, beam, 12, sequences)
         same = sum(a == b for a, b in zip(ours, theirs))

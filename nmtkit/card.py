@@ -256,9 +256,10 @@ def print_card(card: dict, file=None) -> None:
     if card.get("target_languages"):
         table.add_row("target languages", f"{', '.join(card['target_languages'])} (--target-lang)")
     decode = card["decode"]
+    free_eos = "EOS at the limit free, " if decode.get("eos_at_limit") == "free" else ""
     table.add_row("decode", f"beam {decode['beam_size']}, lenpen {decode['lenpen']}, length <= "
                   f"{decode['max_len_a']} x source + {decode['max_len_b']}, min {decode['min_len']}, "
-                  f"{decode['batch_tokens']} tokens a batch (from the {decode['from']})")
+                  f"{free_eos}{decode['batch_tokens']} tokens a batch (from the {decode['from']})")
     table.add_row("saved at", "; ".join(f"{k.replace('_', ' ')} {_text(v)}" for k, v in card["checkpoint"].items()))
     imported = card.get("imported_from")
     if imported:

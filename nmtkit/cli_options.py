@@ -66,6 +66,9 @@ class DecodeFlags:
     batch_tokens: Annotated[Optional[int], decode_flag(
         "batch_tokens", "Source tokens x beam per batch (serve: per model call; waiting requests are collected "
         "up to it)")] = None
+    eos_at_limit: Annotated[Optional[str], decode_flag(
+        "eos_at_limit", "The EOS forced at the length limit: scored (its log-probability counts) or free "
+        "(it counts 0, as in transformers' generate; an imported MarianMT model's default)")] = None
 
 
 @dataclass

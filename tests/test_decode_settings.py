@@ -15,7 +15,8 @@ from conftest import reversal_pairs, tiny_recipe, train_tiny, write_prepared
 from nmtkit.config import DecodeConfig, from_dict
 from support.cli import assert_error, cli, cli_stdout
 
-SAVED = {"beam_size": 2, "lenpen": 0.0, "max_len_a": 0.0, "max_len_b": 2, "min_len": 1, "batch_tokens": 500}
+SAVED = {"beam_size": 2, "lenpen": 0.0, "max_len_a": 0.0, "max_len_b": 2, "min_len": 1, "batch_tokens": 500,
+         "eos_at_limit": "free"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_info_shows_the_decode_settings(models, monkeypatch, capsys):
     assert model_card(models["new"])["decode"] == {**SAVED, "from": "recipe"}
     assert model_card(models["old"])["decode"] == {**DecodeConfig().__dict__, "from": "defaults"}
     monkeypatch.setenv("COLUMNS", "300")  # one table row, one line
-    assert "beam 2, lenpen 0.0, length <= 0.0 x source + 2, min 1, 500 tokens a batch (from the recipe)" in \
+    assert "beam 2, lenpen 0.0, length <= 0.0 x source + 2, min 1, EOS at the limit free, 500 tokens a batch (from the recipe)" in \
         cli_stdout(monkeypatch, capsys, "info", str(models["new"]))
 
 
@@ -80,7 +81,8 @@ def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_p
     from nmtkit.translate_files import saved_decode_settings as decode_settings_of
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
-    decode = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 1.5, "max_len_b": 9, "min_len": 2, "batch_tokens": 800}
+    decode = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 1.5, "max_len_b": 9, "min_len": 2, "batch_tokens": 800,
+              "eos_at_limit": "scored"}
     cfg = from_dict(tiny_recipe(tmp_path, model={"d_model": 16, "ffn_dim": 32, "encoder_layers": 1,
                                                  "decoder_layers": 1},
                                 train={"max_steps": 6, "save_every": 2, "validate_every": 3, "max_tokens": 200,

@@ -16,6 +16,7 @@ from nmtkit.decoding.translate import translate_lines
 from nmtkit.modeldir import load_model_dir
 from nmtkit.pretrained.marian_import import import_marian
 from nmtkit.specials import BOS, EOS, PAD
+from nmtkit.translate_files import saved_decode_settings
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,14 +84,17 @@ def hf_translations(hf, tokenizer, lines: list[str], beam: int, max_pieces: int,
     return out
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_translations_equal_marian_generate(tmp_path, beam):
-    hf_dir = make_marian(tmp_path / "hf", seed=3)
-    loaded = load_model_dir(import_marian(str(hf_dir), tmp_path / "model"))
+@pytest.mark.parametrize("beam,shape", [(1, "shared-swish-scaled"), (4, "shared-swish-scaled"),
+                                        (4, "shared-gelu-untied")])
+def test_translations_equal_marian_generate(tmp_path, beam, shape):
+    hf_dir = make_marian(tmp_path / "hf", seed=3, **SHAPES[shape])
+    model_dir = import_marian(str(hf_dir), tmp_path / "model")
+    loaded = load_model_dir(model_dir)
     hf, tokenizer = hf_pair(hf_dir)
     lines = [" ".join(line.split()[:4]) for line in tiny_sentences(200, 7)]
-    options = TranslateOptions(beam_size=beam, lenpen=0.0, max_len_a=0.0, max_len_b=12, min_len=0, device="cpu",
-                               dtype="float32")
+    options = TranslateOptions.from_decode(saved_decode_settings(model_dir), beam_size=beam, lenpen=0.0,
+                                           max_len_a=0.0, max_len_b=12, min_len=0, device="cpu", dtype="float32")
+    assert options.eos_at_limit == "free"  # the import's default: generate's rule
     ours = translate_lines([loaded], lines, options)
     sequences: list = []
     theirs = hf_translations(hf, tokenizer, lines, beam, 12, sequences)
@@ -100,10 +104,30 @@ def test_translations_equal_marian_generate(tmp_path, beam):
         len(lines) - same
 
 
+def test_scored_eos_at_the_limit_is_where_beam_differs_from_generate(tmp_path):
+    """nmtkit's own rule (the forced EOS's log-probability counts) parts from generate exactly on
+    outputs that end at the length limit, and there nmtkit's is the more probable output."""
+    hf_dir = make_marian(tmp_path / "hf", seed=3, **SHAPES["shared-gelu-untied"])
+    model_dir = import_marian(str(hf_dir), tmp_path / "model")
+    loaded = load_model_dir(model_dir)
+    hf, tokenizer = hf_pair(hf_dir)
+    lines = [" ".join(line.split()[:4]) for line in tiny_sentences(60, 7)]
+    options = TranslateOptions.from_decode(saved_decode_settings(model_dir), beam_size=4, lenpen=0.0, max_len_a=0.0,
+                                           max_len_b=12, min_len=0, device="cpu", dtype="float32",
+                                           eos_at_limit="scored")
+    ours = translate_lines([loaded], lines, options)
+    sequences: list = []
+    theirs = hf_translations(hf, tokenizer, lines, 4, 12, sequences)
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert differ  # this model runs into the limit often enough
+    assert all(len(sequences[i]) == 12 + 2 for i in differ)  # start, 12 pieces, the forced EOS
+    assert more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options) == len(differ)
+
+
 def more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, sequences, options) -> int:
     """Of the lines where the outputs differ, how many have nmtkit's output at least as probable
-    as generate's, both scored by MarianMTModel itself: where they differ, generate's beam did
-    not return its most probable finished hypothesis (greedy outputs never differ)."""
+    as generate's, both scored by MarianMTModel itself under ``options``' rule for the EOS forced
+    at the length limit (``eos_at_limit`` free: it counts 0, as in generate)."""
     scored = dataclasses.replace(options, scores=True)  # "logprob \t text" (lenpen 0: the raw log-probability)
     count = 0
     for line, mine, other, ids in zip(lines, ours, theirs, sequences):
@@ -111,9 +135,11 @@ def more_probable_where_different(loaded, hf, tokenizer, lines, ours, theirs, se
             continue
         mine_logprob = float(translate_lines([loaded], [line], scored)[0].split("\t")[0])
         batch = tokenizer([line], return_tensors="pt")
+        at_limit = len(ids) - 2 >= options.max_len_b
         ids = torch.tensor([ids])
         with torch.no_grad():
             logits = hf(**batch, decoder_input_ids=ids[:, :-1]).logits
-        other_logprob = float(logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).sum())
+        steps = logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[0, :, 0]
+        other_logprob = float(steps[:-1].sum() if at_limit and options.eos_at_limit == "free" else steps.sum())
         count += mine_logprob >= other_logprob - 1e-4
     return count

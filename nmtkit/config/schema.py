@@ -239,6 +239,9 @@ class DecodeConfig:
     max_len_b: int = 50  # output length limit = a * |x| + b
     min_len: int = 1
     batch_tokens: int = 6000
+    # the EOS forced at the length limit: scored by its log-probability, or free (log 1 = 0: transformers'
+    # generate, whose rule imported MarianMT models default to)
+    eos_at_limit: Literal["scored", "free"] = "scored"
 
 
 DECODE_SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeConfig))

@@ -11,7 +11,8 @@ Differences from the torch engine, by CTranslate2's design:
   CTranslate2 renormalises the distribution after banning PAD/BOS (and EOS before
   ``min_len``), so when scores are printed (--scores, --nbest) the outputs are re-scored
   with ``score_batch``: the model's own log-probabilities under our GNMT rule, as the torch
-  engine prints them.
+  engine prints them (with ``eos_at_limit`` free, an output at its limit without its EOS's
+  log-probability: CTranslate2 ends such an output without ranking an EOS, as that rule does).
 - the length limit a * |x| + b is applied per batch (its longest sentence's) and outputs
   are then cut to their own limit, so a sentence that runs into its limit ends there
   without the EOS our search forces (its pieces are the same under greedy search).
@@ -151,16 +152,18 @@ class CT2Engine:
                 for result in results[b * per:(b + 1) * per] for k in range(len(result.hypotheses))]
                for b, limit in enumerate(limits)]
         if o.scores or o.nbest > 1:
-            self._rescore(pieces[::per], out)
+            self._rescore(pieces[::per], out, limits)
         return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 
-    def _rescore(self, sources: list[list[str]], hyps: list[list[Hypothesis]]) -> None:
-        """Set each hypothesis' logprob (EOS included) and GNMT score from ``score_batch``."""
+    def _rescore(self, sources: list[list[str]], hyps: list[list[Hypothesis]], limits: list[int]) -> None:
+        """Set each hypothesis' logprob (EOS included, but 0 for an output at its length limit
+        ``limits`` [B] with ``eos_at_limit`` free, as in our search) and GNMT score from ``score_batch``."""
         flat = [(b, h) for b, row in enumerate(hyps) for h in row]
         results = self.ct2.score_batch([sources[b] for b, _ in flat],
                                        [self.tgt_vocab.pieces(h.tokens) for _, h in flat], max_input_length=0)
-        for (_, hyp), result in zip(flat, results):
-            hyp.logprob = float(sum(result.log_probs))
+        for (b, hyp), result in zip(flat, results):
+            free = self.options.eos_at_limit == "free" and len(hyp.tokens) >= limits[b]
+            hyp.logprob = float(sum(result.log_probs[:-1] if free else result.log_probs))
             hyp.score = hyp.logprob / length_penalty(len(hyp.tokens), self.options.lenpen)
 
     def _hypothesis(self, result, k: int, limit: int, src_len: int) -> Hypothesis:

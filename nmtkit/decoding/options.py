@@ -14,13 +14,14 @@ from nmtkit.errors import ConfigError
 from nmtkit.limits import range_problem
 
 # every numeric option and the rule it follows: a decode setting shares its recipe key's range
-NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS},
+NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS if name != "eos_at_limit"},
                    **{name: f"translate.{name}"
                       for name in ("nbest", "topk", "topp", "temperature", "seed", "chunk_lines", "max_source_len")}}
 
 ENGINES = ("auto", "torch", "ctranslate2")
 LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the xx of a <2xx> tag
-ALIGNMENT_UNITS = ("words", "pieces")  # what the i and j of --alignments count
+ALIGNMENT_UNITS = ("words", "pieces")
+EOS_AT_LIMIT = ("scored", "free")  # decode.eos_at_limit: how the EOS forced at the length limit counts  # what the i and j of --alignments count
 
 
 def language_problem(lang: str, name: str = "--target-lang") -> str:
@@ -32,7 +33,7 @@ def language_problem(lang: str, name: str = "--target-lang") -> str:
 
 @dataclass
 class TranslateOptions(DecodeConfig):
-    """``DecodeConfig`` (beam_size, lenpen, max_len_a/b, min_len, batch_tokens) plus the settings
+    """``DecodeConfig`` (beam_size, lenpen, max_len_a/b, min_len, batch_tokens, eos_at_limit) plus the settings
     below, which are a translate call's own (an output format is not a recipe's to choose); nbest > 1
     writes exactly nbest "index \\t score \\t text" lines per input line, best first."""
 
@@ -73,6 +74,8 @@ class TranslateOptions(DecodeConfig):
             problems.append(f"--alignment-units must be words or pieces, not {self.alignment_units!r}")
         if self.dtype not in ("auto", "float32", "bf16", "fp16", "int8"):
             problems.append(f"--dtype must be auto, float32, bf16, fp16 or int8, not {self.dtype!r}")
+        if self.eos_at_limit not in EOS_AT_LIMIT:
+            problems.append(f"--eos-at-limit must be scored or free, not {self.eos_at_limit!r}")
         if language_problem(self.target_lang):
             problems.append(language_problem(self.target_lang))
         for name, key in NUMERIC_OPTIONS.items():  # the recipe's ranges (nmtkit/limits.py), named as flags
@@ -106,6 +109,7 @@ class SearchSettings:
     topp: float = CALL_DEFAULTS.topp
     temperature: float = CALL_DEFAULTS.temperature
     seed: int = CALL_DEFAULTS.seed
+    eos_at_limit: str = CALL_DEFAULTS.eos_at_limit  # "free": the EOS forced at the length limit scores 0
 
     @classmethod
     def of(cls, settings: Union[DecodeConfig, TranslateOptions], **overrides) -> "SearchSettings":

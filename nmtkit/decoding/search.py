@@ -13,7 +13,9 @@ log-probabilities (which favours short outputs); a larger ``lenpen`` divides the
 
 Output length per sentence: at most ``floor(max_len_a * |x| + max_len_b)`` pieces, |x| the
 source pieces, capped by the model's ``max_positions``. At that length only EOS is allowed,
-so a hypothesis reaching it is finished there (its score includes the EOS log-probability).
+so a hypothesis reaching it is finished there; its score includes the EOS log-probability, or,
+with ``eos_at_limit`` "free", counts that forced EOS as log 1 = 0 (transformers' ``generate`` with
+``forced_eos_token_id``, which then prefers outputs cut at the limit more than we do).
 EOS is blocked before ``min_len`` pieces; the length limit wins if the two conflict.
 PAD and BOS are never generated.
 
@@ -68,11 +70,13 @@ def output_limits(src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: in
     return limits
 
 
-def constrained_logprobs(logits: Tensor, step: int, min_len: int, limits: Tensor) -> Tensor:
+def constrained_logprobs(logits: Tensor, step: int, min_len: int, limits: Tensor,
+                         free_eos: bool = False) -> Tensor:
     """Log-softmax over [rows, V] in float32 with PAD/BOS banned, EOS blocked before
-    ``min_len`` and forced once a row reaches its length limit ``limits`` [rows]."""
+    ``min_len`` and forced once a row reaches its length limit ``limits`` [rows] (keeping its
+    log-probability, or 0 with ``free_eos``)."""
     lprobs = torch.log_softmax(logits.float(), dim=-1)
-    eos = lprobs[:, EOS].clone()
+    eos = torch.zeros_like(lprobs[:, EOS]) if free_eos else lprobs[:, EOS].clone()
     lprobs[:, PAD] = NEG_INF
     lprobs[:, BOS] = NEG_INF
     if step < min_len:
@@ -124,11 +128,12 @@ def prefixed_limits(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: Sea
     return limits, forced
 
 
-def step_logprobs(logits: Tensor, step: int, min_len: int, limits: Tensor, row_sentence: Tensor,
+def step_logprobs(logits: Tensor, step: int, settings: SearchSettings, limits: Tensor, row_sentence: Tensor,
                   prefixes: Optional[Prefixes], lexical: Optional[LexicalConstraints]) -> Tensor:
-    """The log-probabilities a search step ranks, [rows, V]: ``constrained_logprobs``, then
-    the lexical constraints' bans, then the prefixes' forced pieces (which win)."""
-    lprobs = constrained_logprobs(logits, step, min_len, limits)
+    """The log-probabilities a search step ranks, [rows, V]: ``constrained_logprobs`` (by
+    ``settings``' min_len and eos_at_limit), then the lexical constraints' bans, then the
+    prefixes' forced pieces (which win)."""
+    lprobs = constrained_logprobs(logits, step, settings.min_len, limits, settings.eos_at_limit == "free")
     allowed = lprobs if lexical is None else lexical.restrict(lprobs, step, limits, row_sentence)
     return allowed if prefixes is None else prefixes.force(lprobs, allowed, step, row_sentence)
 
@@ -258,7 +263,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: SearchS
         n = sent.numel()
         logits, state = model.decode_step(tokens[:, -1], enc, state, need_attn)
         row_sentence = sent.repeat_interleave(beam)
-        lprobs = step_logprobs(logits, step, settings.min_len, limits[row_sentence], row_sentence, forced, lexical)
+        lprobs = step_logprobs(logits, step, settings, limits[row_sentence], row_sentence, forced, lexical)
         top_scores, origin, token = beam_step(scores, lprobs)
         complete = None  # with constraints: which candidates have met them all
         if lexical is not None:
@@ -325,7 +330,7 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
     prev = torch.full((total,), BOS, dtype=torch.long, device=device)
     for step in range(max_len + 1):
         logits, state = model.decode_step(prev, enc, state, need_attn)
-        lprobs = step_logprobs(logits, step, settings.min_len, row_limits[row_ids], row_ids // per, forced, None)
+        lprobs = step_logprobs(logits, step, settings, row_limits[row_ids], row_ids // per, forced, None)
         token = torch.where(ended, EOS, choose(lprobs))
         logprobs[row_ids] += torch.where(ended, 0.0, lprobs.gather(1, token[:, None]).squeeze(1))
         growing = ~ended & token.ne(EOS)

@@ -105,16 +105,21 @@ def _vocabularies(directory: Path, config: dict, tokenizer: dict) -> tuple[dict,
     return src, tgt, False
 
 
-def _decode_settings(generation: Optional[dict]) -> dict:
-    """The model's generation_config as our decode defaults: its beam and its length limit (HF's
-    max_length counts the start token and EOS: two more than our pieces)."""
+def _decode_settings(generation: Optional[dict], config: dict) -> dict:
+    """The decode defaults ``generate`` would use: generation_config.json's settings (config.json's
+    where that file is missing, as transformers falls back): its beam and length limit. HF's
+    max_length counts the decoder start token, and, with ``forced_eos_token_id``, the EOS forced
+    at the limit, which it scores 0: our limit is 2 pieces fewer, that EOS free (``eos_at_limit``);
+    without it, generate ends an output at max_length without EOS: 1 fewer, and no EOS scored."""
+    source = generation if generation is not None else config
     decode = DecodeConfig()
-    if generation:
-        beams, length = generation.get("num_beams"), generation.get("max_length")
-        if isinstance(beams, int) and 1 <= beams <= 1000:
-            decode.beam_size = beams
-        if isinstance(length, int) and 2 <= length <= 10_002:
-            decode.max_len_a, decode.max_len_b = 0.0, length - 2
+    decode.eos_at_limit = "free"  # generate never scores an EOS at the length limit
+    forced = source.get("forced_eos_token_id") is not None
+    beams, length = source.get("num_beams"), source.get("max_length")
+    if isinstance(beams, int) and 1 <= beams <= 1000:
+        decode.beam_size = beams
+    if isinstance(length, int) and 2 <= length <= 10_002:
+        decode.max_len_a, decode.max_len_b = 0.0, length - (2 if forced else 1)
     return dataclasses.asdict(decode)
 
 
@@ -145,7 +150,7 @@ def import_marian(source: str, out_dir: str | Path) -> Path:
     files = {name: sha256_file(directory / name) for name in HUB_FILES if (directory / name).is_file()}
     meta = {"imported_from": {"format": "marian", **origin, "files": files},
             "src_lang": str(tokenizer.get("source_lang") or ""), "tgt_lang": str(tokenizer.get("target_lang") or ""),
-            "decode": _decode_settings(read_json_file(directory / "generation_config.json", required=False))}
+            "decode": _decode_settings(read_json_file(directory / "generation_config.json", required=False), config)}
     with temp_beside(out_dir, directory=True) as scratch:  # nmtkit's names: vocab.from finds them
         models = [scratch / name for name in spm_files(False)]  # spm.src.model, spm.tgt.model
         for side, model_file, original, vocab, append_eos in zip(
