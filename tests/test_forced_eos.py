@@ -50,14 +50,15 @@ def test_import_takes_generates_limit_and_eos_rule(tmp_path):
     from nmtkit.translate_files import saved_decode_settings
 
     hf_dir = make_marian(tmp_path / "hf", d_model=8, layers=1)
-    cases = [({"num_beams": 3, "max_length": 20, "forced_eos_token_id": 0}, 3, 18),  # start + 18 + forced EOS
-             ({"num_beams": 2, "max_length": 20}, 2, 19),  # start + 19 pieces, cut without EOS
-             (None, 4, 50)]  # config.json's settings: EOS forced, no length given (nmtkit's default)
-    for n, (generation, beam, limit) in enumerate(cases):
+    cases = [({"num_beams": 3, "max_length": 20, "forced_eos_token_id": 0, "min_length": 3}, 3, 18, 2),  # + EOS
+             ({"num_beams": 2, "max_length": 20, "min_length": 3, "min_new_tokens": 4}, 2, 19, 4),  # no EOS
+             (None, 4, 50, 0)]  # config.json's settings: EOS forced, no length given (nmtkit's default)
+    for n, (generation, beam, limit, shortest) in enumerate(cases):
         if generation is None:
             (hf_dir / "generation_config.json").unlink()
         else:
             (hf_dir / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
         decode = saved_decode_settings(import_marian(str(hf_dir), tmp_path / f"model{n}"))
-        assert (decode.beam_size, decode.max_len_b, decode.eos_at_limit) == (beam, limit, "free")
+        got = (decode.beam_size, decode.max_len_b, decode.min_len, decode.eos_at_limit)
+        assert got == (beam, limit, shortest, "free")
         assert decode.max_len_a == (0.0 if generation else 1.0)

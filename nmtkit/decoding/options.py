@@ -20,8 +20,8 @@ NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS if name
 
 ENGINES = ("auto", "torch", "ctranslate2")
 LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the xx of a <2xx> tag
-ALIGNMENT_UNITS = ("words", "pieces")
-EOS_AT_LIMIT = ("scored", "free")  # decode.eos_at_limit: how the EOS forced at the length limit counts  # what the i and j of --alignments count
+ALIGNMENT_UNITS = ("words", "pieces")  # what the i and j of --alignments count
+EOS_AT_LIMIT = ("scored", "free")  # decode.eos_at_limit: how the EOS forced at the length limit counts
 
 
 def language_problem(lang: str, name: str = "--target-lang") -> str:

@@ -110,7 +110,8 @@ def _decode_settings(generation: Optional[dict], config: dict) -> dict:
     where that file is missing, as transformers falls back): its beam and length limit. HF's
     max_length counts the decoder start token, and, with ``forced_eos_token_id``, the EOS forced
     at the limit, which it scores 0: our limit is 2 pieces fewer, that EOS free (``eos_at_limit``);
-    without it, generate ends an output at max_length without EOS: 1 fewer, and no EOS scored."""
+    without it, generate ends an output at max_length without EOS: 1 fewer, and no EOS scored.
+    Its min_length counts the start token too (min_new_tokens, which wins, does not)."""
     source = generation if generation is not None else config
     decode = DecodeConfig()
     decode.eos_at_limit = "free"  # generate never scores an EOS at the length limit
@@ -120,6 +121,9 @@ def _decode_settings(generation: Optional[dict], config: dict) -> dict:
         decode.beam_size = beams
     if isinstance(length, int) and 2 <= length <= 10_002:
         decode.max_len_a, decode.max_len_b = 0.0, length - (2 if forced else 1)
+    shortest, new = source.get("min_length", 0), source.get("min_new_tokens")
+    shortest = new if isinstance(new, int) else shortest - 1 if isinstance(shortest, int) else 0
+    decode.min_len = min(max(shortest, 0), 10_000)
     return dataclasses.asdict(decode)
 
 
