@@ -12,6 +12,7 @@ import time
 import torch
 
 from nmtkit.config import ModelConfig
+from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import greedy_search
 from nmtkit.runtime.device import autocast
 from nmtkit.models.build import build_model
@@ -60,7 +61,7 @@ def case_runner(model, case: str, device):
     def decode():
         model.eval()
         with torch.inference_mode(), autocast(device, torch.bfloat16):
-            greedy_search(model, tensors[0], tensors[1], min_len=8, max_len_a=0.0, max_len_b=8)
+            greedy_search(model, tensors[0], tensors[1], SearchSettings(min_len=8, max_len_a=0.0, max_len_b=8))
 
     return decode if case.startswith("decode") else train_step
 

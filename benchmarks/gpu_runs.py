@@ -287,10 +287,11 @@ def forced_search(model, rows: list, device, beam: int, forced: int) -> int:
     import torch
 
     from nmtkit.decoding.batching import token_batches
+    from nmtkit.decoding.options import SearchSettings
     from nmtkit.decoding.search import beam_search, greedy_search
     from nmtkit.specials import PAD
 
-    limits = dict(min_len=forced, max_len_a=0.0, max_len_b=forced)
+    settings = SearchSettings(beam_size=beam, min_len=forced, max_len_a=0.0, max_len_b=forced)
     tokens = 0
     with torch.inference_mode():
         for batch in token_batches([len(r) for r in rows], 8000, beam):
@@ -298,8 +299,8 @@ def forced_search(model, rows: list, device, beam: int, forced: int) -> int:
             for j, i in enumerate(batch):
                 src[j, :len(rows[i])] = rows[i]
             src = src.to(device)
-            hyps = (beam_search(model, src, src.ne(PAD), beam, **limits) if beam > 1
-                    else greedy_search(model, src, src.ne(PAD), **limits))
+            hyps = (beam_search(model, src, src.ne(PAD), settings) if beam > 1
+                    else greedy_search(model, src, src.ne(PAD), settings))
             tokens += sum(len(h[0].tokens) for h in hyps)
     return tokens
 

@@ -240,7 +240,10 @@ def leaves(node, parts: list[str]) -> list:
 
 # keys that the config package itself applies, so nothing else needs to read them
 APPLIED_BY_CONFIG = {"model.preset": "expanded into the model dims by from_dict",
-                     "workdir": "read by Config.work_path, the one way every command finds the work directory"}
+                     "workdir": "read by Config.work_path, the one way every command finds the work directory",
+                     "vocab.byte_fallback": "resolved by VocabConfig.uses_byte_fallback (auto: on from 1,024 pieces), "
+                                            "which prepare calls",
+                     "eval.metrics": "parsed by EvalConfig.metric_names (BLEU first), which run, validation and sweeps call"}
 # keys accepted before their reader exists: none (an entry must go when its reader lands)
 NOT_YET_READ: dict[str, str] = {}
 

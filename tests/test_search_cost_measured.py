@@ -17,6 +17,7 @@ import ctypes, json, random, re, sys
 import torch
 from nmtkit.config import ModelConfig
 from nmtkit.models.build import build_model
+from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import beam_search
 torch.set_num_threads(1)
 
@@ -34,7 +35,7 @@ for n, S, W, k, V, L, attn in json.loads(sys.argv[1]):
     src, mask = torch.randint(4, V, (n, S)), torch.ones(n, S, dtype=torch.bool)
     rng = random.Random(0)
     cons = [[[rng.randrange(4, V) for _ in range(W // 4)] for _ in range(4)] for _ in range(n)] if W else None
-    beam_search(net, src[:, :2], mask[:, :2], 2, max_len_a=0, max_len_b=2)  # warm up
+    beam_search(net, src[:, :2], mask[:, :2], SearchSettings(beam_size=2, max_len_a=0, max_len_b=2))  # warm up
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # memory freed by earlier cases leaves the process
     except (OSError, AttributeError):  # not glibc: each case then measures what the earlier left free
@@ -42,7 +43,8 @@ for n, S, W, k, V, L, attn in json.loads(sys.argv[1]):
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # the peak resident size (VmHWM) restarts from the current one
     before = resident("VmRSS")
-    beam_search(net, src, mask, k, max_len_a=0, max_len_b=L, min_len=L, need_attn=bool(attn), constraints=cons)
+    beam_search(net, src, mask, SearchSettings(beam_size=k, max_len_a=0, max_len_b=L, min_len=L, need_attn=bool(attn)),
+                constraints=cons)
     peaks.append(resident("VmHWM") - before)
 print(json.dumps(peaks))
 '''
