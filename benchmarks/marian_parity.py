@@ -7,10 +7,12 @@ the limit scores 0 on both sides), and of the others, how many of nmtkit's outpu
 probable as generate's by MarianMTModel's own scoring. Prints one JSON object.
 
     python benchmarks/marian_parity.py --inputs 200
+    python benchmarks/marian_parity.py --inputs 200 --eos-at-limit scored   # nmtkit's own rule
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -23,7 +25,7 @@ SHAPES = {"shared-swish-scaled": dict(), "separate-relu-unscaled": dict(shared=F
           "shared-gelu-untied": dict(activation="gelu", tied=False), "multilingual": dict(codes=(">>fra<<", ">>deu<<"))}
 
 
-def measure(shape: dict, inputs: int, work: Path, seed: int) -> dict:
+def measure(shape: dict, inputs: int, work: Path, seed: int, eos_at_limit: str = "") -> dict:
     import torch
     from conftest import tiny_sentences
     from support.marian_models import make_marian
@@ -51,6 +53,8 @@ def measure(shape: dict, inputs: int, work: Path, seed: int) -> dict:
     for beam in (1, 4):
         options = TranslateOptions.from_decode(saved_decode_settings(model_dir), beam_size=beam, lenpen=0.0,
                                                max_len_a=0.0, max_len_b=12, min_len=0, device="cpu", dtype="float32")
+        if eos_at_limit:  # another rule than the import's (free)
+            options = dataclasses.replace(options, eos_at_limit=eos_at_limit)
         ours, sequences = translate_lines([loaded], lines, options), []
         theirs = hf_translations(hf, tokenizer, lines, beam, 12, sequences)
         same = sum(a == b for a, b in zip(ours, theirs))
@@ -65,11 +69,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--eos-at-limit", choices=("scored", "free"), default="",
+                        help="the search's rule for the EOS forced at the length limit (default: the import's, free)")
     args = parser.parse_args()
     results = {}
     for name, shape in SHAPES.items():
         with tempfile.TemporaryDirectory() as tmp:
-            results[name] = measure(shape, args.inputs, Path(tmp), args.seed)
+            results[name] = measure(shape, args.inputs, Path(tmp), args.seed, args.eos_at_limit)
     print(json.dumps(results, indent=2))
 
 
