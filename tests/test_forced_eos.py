@@ -62,3 +62,38 @@ def test_import_takes_generates_limit_and_eos_rule(tmp_path):
         got = (decode.beam_size, decode.max_len_b, decode.min_len, decode.eos_at_limit)
         assert got == (beam, limit, shortest, "free")
         assert decode.max_len_a == (0.0 if generation else 1.0)
+
+
+def test_a_bad_rule_is_one_line(model_dir, monkeypatch, capsys, tmp_path):
+    from support.cli import assert_error, cli
+
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), "-i", str(source), "--eos-at-limit", "0")
+    assert_error(code, err, 2, "--eos-at-limit must be scored or free, not '0'")
+
+
+def test_ctranslate2_scores_follow_the_rule(reversal_spm, tmp_path):
+    """Outputs cut at the limit: CTranslate2's re-scored log-probabilities drop the EOS as ours do."""
+    pytest.importorskip("ctranslate2")
+    from conftest import reversal_pairs, train_tiny
+
+    from nmtkit.ctranslate2.engine import CT2Engine
+    from nmtkit.ctranslate2.export import export_ctranslate2
+    from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
+    from nmtkit.modeldir import load_model_dir
+
+    model_dir = train_tiny(reversal_spm, tmp_path / "model", steps=60)
+    out = export_ctranslate2(model_dir, tmp_path / "ct2")
+    lines = [s for s, _ in reversal_pairs(12, 7, length=6)]
+    for rule in ("scored", "free"):
+        options = TranslateOptions(beam_size=1, scores=True, device="cpu", dtype="float32", max_len_a=0.0,
+                                   max_len_b=3, eos_at_limit=rule)
+        ours = [line.split("\t") for line in translate_lines([load_model_dir(model_dir)], lines, options)]
+        ct2_options = TranslateOptions(**{**options.__dict__, "engine": "ctranslate2"})
+        theirs = [line.split("\t") for line in Translator(CT2Engine(out, ct2_options), ct2_options).translate(lines)]
+        assert [o[1] for o in ours] == [t[1] for t in theirs]
+        assert all(float(o[0]) == pytest.approx(float(t[0]), abs=2e-3) for o, t in zip(ours, theirs))
+        if rule == "scored":
+            scored = [float(o[0]) for o in ours]
+    assert all(float(o[0]) > s + 1e-3 for o, s in zip(ours, scored))  # every output was cut: its EOS now free
