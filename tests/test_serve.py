@@ -165,7 +165,8 @@ def test_serve_refuses_a_target_lang_the_model_lacks_like_translate(tagged_dir, 
 
 # --- the server's defaults: resolved as translate resolves its flags --------------------------
 
-SAVED = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 0.0, "max_len_b": 3, "min_len": 0, "batch_tokens": 700}
+SAVED = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 0.0, "max_len_b": 3, "min_len": 0, "batch_tokens": 700,
+         "eos_at_limit": "free"}
 
 
 @pytest.fixture(scope="module")
