@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from nmtkit.errors import DataError, NmtkitError
+from nmtkit.errors import ConfigError, DataError, NmtkitError
 
 UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) ...
 os.umask(UMASK)  # ... and put it back
@@ -208,6 +208,15 @@ def replace_directory(tmp: Path, out_dir: Path) -> None:
     os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def refuse_foreign(path: str | Path, role: str, where: str = "workdir") -> None:
+    """The one rule for a file nmtkit keeps in a directory that may be the user's (a work
+    directory, a sweep's): the caller found ``path`` there and could not recognise it as one
+    nmtkit wrote, so it is the user's, and nmtkit replaces nothing it did not create."""
+    raise ConfigError(
+        f"{path} exists and nmtkit did not write it (it is where nmtkit keeps {role}); move it, "
+        f"or choose another {where}")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -12,7 +12,7 @@ from nmtkit.config.rules import check_ranges, validate
 from nmtkit.config.schema import (PRESETS, Config, DataConfig, DecodeConfig, ModelConfig, VocabConfig, field_types,
                                   recipe_key, section_type)
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import plain_copy, safe_yaml
+from nmtkit.recipe_text import MAX_INT_DIGITS, plain_copy, safe_yaml
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -32,6 +32,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, str) and len(value.strip()) > MAX_INT_DIGITS + 2:  # past int()'s limit too
+            raise ConfigError(f"{key}: expected an integer, got text of {len(value):,} characters "
+                              f"(an integer setting has at most {MAX_INT_DIGITS} digits)")
         try:
             return int(value)
         except ValueError:
@@ -185,13 +188,12 @@ def save_config(cfg: Config, path: str | Path, only_ours: bool = False) -> None:
     user's recipe named config.yaml in ``workdir: .``) is not replaced."""
     import yaml
 
-    from nmtkit.files import write_text_if_changed
+    from nmtkit.files import refuse_foreign, write_text_if_changed
 
     tree = _plain(cfg.to_dict())
     path = Path(path)
     if only_ours and path.is_file() and not _written_by_nmtkit(path, tree):
-        raise ConfigError(f"{path} exists and nmtkit did not write it (it is where nmtkit keeps the resolved "
-                          f"recipe); move it, or choose another workdir")
+        refuse_foreign(path, "the resolved recipe")
     write_text_if_changed(path, SAVED_HEADER + yaml.safe_dump(tree, sort_keys=False))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, exclusive
+from nmtkit.files import atomic_write_text, exclusive, read_json_dict, refuse_foreign
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
 from nmtkit.workdir import WorkDir
@@ -59,6 +59,7 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     counts = {v.name: _counts(v) for v in sweep.variants}
     sweep.workdir.mkdir(parents=True, exist_ok=True)
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
+        refuse_foreign_files(sweep)
         _write_plan(sweep, counts)
         failed = []
         for number, variant in enumerate(selected, 1):
@@ -226,6 +227,41 @@ def _last_error(log: Path, start: int = 0) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("nmtkit: error:")]
     return (errors or lines or ["no output"])[-1]
+
+
+def _is_plan(record: Optional[dict]) -> bool:
+    return record is not None and isinstance(record.get("sweep"), str) and isinstance(record.get("variants"), list)
+
+
+def refuse_foreign_files(sweep: Sweep) -> None:
+    """A one-line error, before anything is written, when the sweep's directory holds a file of
+    the names the sweep writes that nmtkit did not write (``files.refuse_foreign``): the
+    directory is the sweep's once its sweep.json is a plan; before that, a sweep.json,
+    results.json, results.md or a variant's sweep-run.json there must read as one of ours."""
+    workdir = sweep.workdir
+    if _is_plan(read_json_dict(workdir / "sweep.json")):
+        return
+    recognised = {"sweep.json": _is_plan, "results.json": _is_plan,
+                  "results.md": lambda path: _starts_with(path, b"# Sweep ")}
+    for name, ours in recognised.items():
+        path = workdir / name
+        if os.path.lexists(path) and not ours(read_json_dict(path) if name.endswith(".json") else path):
+            refuse_foreign(path, "the sweep's " + ("plan" if name == "sweep.json" else "results"), "sweep workdir")
+    for variant in sweep.variants:
+        path = sweep.variant_dir(variant.name) / RECORD
+        record = read_json_dict(path)
+        if os.path.lexists(path) and not (record and isinstance(record.get("config"), str)
+                                          and isinstance(record.get("status"), str)):
+            refuse_foreign(path, f"the record of variant {variant.name}", "sweep workdir")
+
+
+def _starts_with(path: Path, start: bytes) -> bool:
+    """Whether the regular file ``path`` starts with ``start`` (only that much is read)."""
+    try:
+        with open(path, "rb") if path.is_file() else contextlib.nullcontext(None) as handle:
+            return handle is not None and handle.read(len(start)) == start
+    except OSError:
+        return False
 
 
 def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
