@@ -56,8 +56,9 @@ class PartialOutput:
         return self.directory / f"chunk-{index:06d}.txt"
 
     def has(self, index: int, lines: int) -> bool:
-        """Whether chunk ``index`` is saved, whole and as written: a regular file whose digest is the one recorded when it was saved, valid UTF-8, of
-        ``lines`` lines each ended by a newline."""
+        """Whether chunk ``index`` is saved, whole and as written: a regular file whose digest
+        is the one recorded when it was saved, valid UTF-8, of ``lines`` lines each ended by
+        a newline."""
         path = self.chunk_path(index)
         expected = self.digests.get(path.name)
         if expected is None or not path.is_file():
@@ -67,8 +68,8 @@ class PartialOutput:
             data.decode("utf-8")
         except (NmtkitError, UnicodeDecodeError):
             return False
-        return hashlib.sha256(data).hexdigest() == expected and data.count(b"\n") == lines and \
-            data.endswith(b"\n") == (lines > 0)
+        whole = data.count(b"\n") == lines and data.endswith(b"\n") == (lines > 0)
+        return whole and hashlib.sha256(data).hexdigest() == expected
 
     def save(self, index: int, data: bytes) -> None:
         """Chunk ``index``, then its digest in key.json: a chunk without a recorded digest (a
