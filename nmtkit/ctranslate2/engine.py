@@ -149,7 +149,11 @@ class CT2Engine:
                       beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
         return dict(max_input_length=0, min_decoding_length=o.min_len, length_penalty=o.lenpen,
                     return_scores=True, return_end_token=True, suppress_sequences=self.never,
-                    return_attention=o.alignments, **search)
+                    return_attention=o.alignments, **search,
+                    # CTranslate2's batched attention differs in its last bits with the batch's
+                    # padding, enough to move an argmax alignment: with alignments each sentence is
+                    # decoded alone, so its alignment does not depend on the lines around it
+                    **({"max_batch_size": 1} if o.alignments else {}))
 
     def with_options(self, options) -> "CT2Engine":
         """The same loaded model searched with other decode settings (device and compute type stay)."""
