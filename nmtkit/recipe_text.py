@@ -9,6 +9,7 @@ from typing import Any, Optional
 from nmtkit.errors import ConfigError
 
 _PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+MAX_RECIPE_BYTES = 16 << 20  # a recipe or sweep file is a few kB; past this it is not one
 MAX_INT_DIGITS = 100  # every integer setting fits in 19 digits; Python refuses int() past 4,300
 
 

@@ -18,7 +18,7 @@ from conftest import cli_in_process
 from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.data import verses
 from nmtkit.decoding.guides import GuideFiles, parse_constraints
-from nmtkit.errors import CheckpointError, DataError
+from nmtkit.errors import DataError
 from nmtkit.files import read_json_dict, read_regular
 from test_translate import model_dir  # noqa: F401  (module fixture)
 

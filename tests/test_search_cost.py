@@ -8,7 +8,6 @@ import resource
 import subprocess
 import sys
 
-import pytest
 
 from conftest import cli_in_process
 from nmtkit.decoding import cost

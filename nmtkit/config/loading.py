@@ -12,7 +12,7 @@ from nmtkit.config.rules import check_ranges, validate
 from nmtkit.config.schema import (PRESETS, Config, DataConfig, DecodeConfig, ModelConfig, VocabConfig, field_types,
                                   recipe_key, section_type)
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import MAX_INT_DIGITS, plain_copy, safe_yaml
+from nmtkit.recipe_text import MAX_INT_DIGITS, MAX_RECIPE_BYTES, plain_copy, safe_yaml
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -167,8 +167,10 @@ def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"recipe not found: {path}")
+        from nmtkit.files import read_regular
+
         try:
-            raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+            raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "recipe").decode("utf-8")) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
         if not isinstance(raw, dict):
@@ -204,9 +206,12 @@ def _written_by_nmtkit(path: Path, tree: dict) -> bool:
     round-trip byte for byte; a hand-written recipe, with comments and its own layout, does not)."""
     import yaml
 
+    from nmtkit.errors import NmtkitError
+    from nmtkit.files import read_regular
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_regular(path, MAX_RECIPE_BYTES, what="saved config").decode("utf-8")
+    except (NmtkitError, UnicodeDecodeError):
         return False
     if text.startswith(SAVED_HEADER):
         return True

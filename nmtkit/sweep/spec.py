@@ -33,7 +33,8 @@ from typing import Any
 
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import plain_copy, safe_yaml
+from nmtkit.files import read_json_dict, read_regular
+from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
 from nmtkit.workdir import WorkDir
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid")
@@ -169,7 +170,7 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"sweep file not found: {path}")
     try:
-        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}  # no aliases: see recipe_text.py
+        raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "sweep file").decode("utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not a valid YAML sweep file ({str(err).splitlines()[0]})") from None
     if not isinstance(raw, dict):
@@ -310,8 +311,8 @@ def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
     if not plan_path.is_file():
         return None
     try:
-        names = [v["name"] for v in json.loads(plan_path.read_text(encoding="utf-8"))["variants"]]
-    except (ValueError, KeyError, TypeError, RecursionError):
+        names = [v["name"] for v in (read_json_dict(plan_path) or {})["variants"]]
+    except (KeyError, TypeError):
         names = None
     if not names or not all(isinstance(name, str) and _NAME.fullmatch(name) for name in names):
         raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`")
