@@ -40,9 +40,13 @@ def machine() -> dict:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    try:  # a copied tree (the GPU machine's) may have no git, or no repository
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip() or None
+    except OSError:
+        commit = None
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), **versions,
-            "commit": commit.stdout.strip() or None, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def child_env(threads: Optional[int]) -> dict:
@@ -113,6 +117,26 @@ def _matmul_gflops(dtype, threads: int, size: int, seconds: float) -> float:
         a @ b
         best = max(best, 2 * size ** 3 / (time.perf_counter() - start) / 1e9)
     return best
+
+
+def cuda_matmul_peak(dtype_name: str, size: int = 8192, repeats: int = 10) -> dict:
+    """The best GFLOP/s of ``repeats`` back-to-back square ``size`` matmuls on the current CUDA
+    device, timed with CUDA events (the denominator of GPU MFU, measured in the same run)."""
+    import torch
+
+    dtype = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype)
+    for _ in range(3):
+        a @ b  # warm-up: cuBLAS handle, kernel selection, clocks up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / repeats
+    return {"gflops": round(2 * size ** 3 / seconds / 1e9, 1), "size": size, "dtype": dtype_name}
 
 
 def matmul_peak(dtype_name: str, threads: int, seconds: float = 1.0) -> dict:
@@ -204,3 +228,62 @@ def base_parser(description: str):
 
 def python() -> str:
     return sys.executable
+
+
+class Skipped(Exception):
+    """Raised by a measurement that cannot run here (no CUDA, a package missing): recorded with
+    its reason as skipped, never as passed."""
+
+
+def run_isolated(function, argument, timeout: float) -> dict:
+    """``function(argument)`` in a forked child in its own process group, killed with everything
+    it started when ``timeout`` seconds pass. Forked, not spawned: the child inherits the imports
+    (torch costs seconds per fresh process), so the caller must not have initialised CUDA.
+
+    Returns {"status": "ok", "value"} | {"status": "skipped", "reason"} | {"status": "error",
+    "cause", "traceback"} | {"status": "timeout"} | {"status": "crashed", "exitcode"}, plus
+    "seconds" (wall time)."""
+    import multiprocessing
+    import signal
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_isolated_child, args=(function, argument, send), daemon=False)
+    start = time.perf_counter()
+    child.start()
+    send.close()
+    outcome = None
+    while outcome is None:
+        left = timeout - (time.perf_counter() - start)
+        if left <= 0:
+            outcome = {"status": "timeout"}
+        elif receive.poll(min(left, 0.2)):
+            try:
+                outcome = receive.recv()
+            except EOFError:  # the child died without a word (a signal, the OOM killer)
+                child.join(5)
+                outcome = {"status": "crashed", "exitcode": child.exitcode}
+    child.join(5 if outcome["status"] != "timeout" else 0)
+    try:  # the child and whatever it left running (training processes, torchrun workers)
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.join(5)
+    receive.close()
+    return {**outcome, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _isolated_child(function, argument, send) -> None:
+    import traceback
+
+    os.setpgid(0, 0)  # one group: the parent can stop this child and its children together
+    try:
+        outcome = {"status": "ok", "value": function(argument)}
+    except Skipped as why:
+        outcome = {"status": "skipped", "reason": str(why)}
+    except BaseException as err:  # isolation: any failure is a record, not the end of the check
+        first = (str(err).strip().splitlines() or [""])[0]
+        outcome = {"status": "error", "cause": f"{type(err).__name__}: {first}"[:500],
+                   "traceback": traceback.format_exc()[-4000:]}
+    send.send(outcome)
+    send.close()

@@ -28,7 +28,7 @@ import train_speed
 
 
 def default_dtypes() -> str:
-    from nmtkit.device import cpu_has_fast_bf16
+    from nmtkit.runtime.device import cpu_has_fast_bf16
 
     return "float32,bf16" if cpu_has_fast_bf16() else "float32"
 

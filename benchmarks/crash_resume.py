@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from test_crash_resume import (assert_same_final_state, final_state, make_task, reference_run,  # noqa: E402
-                               train_with_kills)
+from support.resume import (assert_same_final_state, final_state, make_task, reference_run,  # noqa: E402
+                            train_with_kills)
 
 
 def main() -> None:

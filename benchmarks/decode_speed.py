@@ -57,8 +57,8 @@ class Counting:
 def torch_translator(cfg: dict, options):
     import torch
 
-    from nmtkit.compiler import compile_decoder
-    from nmtkit.console import get_console
+    from nmtkit.runtime.compiler import compile_decoder
+    from nmtkit.runtime.console import get_console
     from nmtkit.decoding.torch_engine import TorchEngine, load_models
     from nmtkit.decoding.translate import Translator
 
@@ -139,8 +139,8 @@ class CT2Direct:
         spm = json.loads((model_dir / META).read_text(encoding="utf-8"))["spm"]
         self.sp_src = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["src"]))
         self.sp_tgt = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["tgt"]))
-        compute = {"float32": "float32", "int8": "int8", "bf16": "bfloat16"}[cfg["dtype"]]
-        self.ct2 = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute,
+        compute = {"float32": "float32", "int8": "int8", "bf16": "bfloat16", "fp16": "float16"}[cfg["dtype"]]
+        self.ct2 = ctranslate2.Translator(str(model_dir), device=cfg.get("device", "cpu"), compute_type=compute,
                                           intra_threads=cfg["threads"])
         self.beam, self.forced_len, self.batch_tokens = cfg["beam"], cfg["forced_len"], cfg["batch_tokens"]
         self.tokens = 0
@@ -176,14 +176,11 @@ def make_translator(cfg: dict):
     return torch_translator(cfg, options)
 
 
-def child(cfg: dict) -> None:
-    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
-
-    keep_freed_memory()  # as the nmtkit CLI does
-    bound_onednn_cache()
+def measure(cfg: dict) -> dict:
+    """One configuration, timed after loading and a warm-up; writes its translations to
+    ``cfg["output"]`` (also called in-process by gpu_check.py)."""
     import torch
 
-    torch.set_num_threads(cfg["threads"])
     lines = Path(cfg["input"]).read_text(encoding="utf-8").splitlines()[:cfg["max_sentences"] or None]
     start = time.perf_counter()
     translator = make_translator(cfg)
@@ -193,14 +190,26 @@ def child(cfg: dict) -> None:
     translator.translate(lines[:cfg["warmup"]])
     warmup_s = time.perf_counter() - start  # with --compile: the compile time included
     counter.tokens = 0
+    if torch.cuda.is_available() and str(cfg.get("device", "cpu")).startswith("cuda"):
+        torch.cuda.synchronize()
     start = time.perf_counter()
     outputs = translator.translate(lines)
     seconds = time.perf_counter() - start
     Path(cfg["output"]).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")
-    print(json.dumps({"load_s": round(load_s, 2), "warmup_s": round(warmup_s, 2), "decode_s": round(seconds, 4),
-                      "sentences": len(lines),
-                      "tgt_tokens": counter.tokens, "sent_s": round(len(lines) / seconds, 2),
-                      "tgt_tok_s": round(counter.tokens / seconds, 1), "self_peak_rss_mib": common.peak_rss_mib()}))
+    return {"load_s": round(load_s, 2), "warmup_s": round(warmup_s, 2), "decode_s": round(seconds, 4),
+            "sentences": len(lines), "tgt_tokens": counter.tokens, "sent_s": round(len(lines) / seconds, 2),
+            "tgt_tok_s": round(counter.tokens / seconds, 1), "self_peak_rss_mib": common.peak_rss_mib()}
+
+
+def child(cfg: dict) -> None:
+    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
+
+    keep_freed_memory()  # as the nmtkit CLI does
+    bound_onednn_cache()
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    print(json.dumps(measure(cfg)))
 
 
 # -- the parent: the matrix of configurations -----------------------------------------------

@@ -31,9 +31,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
-from conftest import tiny_sentences  # noqa: E402
+from conftest import save_tiny_model, tiny_sentences  # noqa: E402
 from test_robustness import NASTY_LINES  # noqa: E402
-from test_translate import save_tiny_model  # noqa: E402
 
 SPECIAL = ("\x00\x01\x07\x1b\x7f\x85\xa0\u0300\u0301\u036f\u200b\u200d\u200e\u200f\u202a\u202e\u2028\u2029"
            "\u2066\ufeff\ufffd")  # controls, combining marks, zero-width, bidi, line separators, BOM
@@ -111,11 +110,11 @@ def main() -> None:
 
     import torch
 
-    from nmtkit.console import NmtConsole
     from nmtkit.data.vocab import train_spm
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.translation import translate_file
     from nmtkit.modeldir import load_model_dir
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.translate_files import translate_file
 
     torch.set_num_threads(1)
     options = TranslateOptions(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float32",

@@ -4,7 +4,9 @@ For each run (a work directory of `nmtkit run`, trained with a large ``train.kee
 each requested step that has its checkpoints, the model a run of that many updates ends with is
 rebuilt (`nmtkit average --upto STEP`, the recipe's average of the last checkpoints), translates
 dev and test, and is scored. Points already in the output JSON are kept, so a run that was
-still training can be measured again later; the figure is redrawn from every point.
+still training can be measured again later; the figure is redrawn from every point. Each point
+also keeps the training minutes its run had spent at that step, and OUT-minutes.png draws test
+BLEU against them (meaningful for runs trained one after the other on one idle machine).
 
     python benchmarks/learning_curve.py --run "LSTM=data/l-curve" --run "Transformer=data/t-curve" \\
         --steps 600,1200,2400,4800 --out docs/bleu-vs-updates
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from common import REPO, child_env, load_average, machine, python
 
-from nmtkit.files import atomic_write_text
+from nmtkit.storage.files import atomic_write_text
 
 
 def nmtkit(*args: str, threads: int) -> str:
@@ -44,7 +46,8 @@ def measure(label: str, workdir: Path, step: int, models: Path, average: int, th
     if not (model / "model.safetensors").exists():
         nmtkit("average", str(workdir / "train"), "--last", str(average), "--upto", str(step), "-o", str(model),
                threads=threads)
-    point = {"label": label, "step": step, "workdir": str(workdir), "load_average": load_average()}
+    point = {"label": label, "step": step, "workdir": str(workdir), "load_average": load_average(),
+             "train_minutes": train_minutes(workdir, step)}
     src, tgt = _langs(workdir)
     for split in ("dev", "test"):
         hyp = models / f"{label}-{step}.{split}.hyp"
@@ -56,36 +59,56 @@ def measure(label: str, workdir: Path, step: int, models: Path, average: int, th
     return point
 
 
+def train_minutes(workdir: Path, step: int) -> float | None:
+    """Training wall-clock minutes the run had spent when it saved its checkpoint of ``step``
+    (the trainer state carries them across resumes): the x of BLEU per minute. Comparable
+    between runs only on one idle machine with the same threads. None without that checkpoint."""
+    from nmtkit.training.checkpoint import checkpoint_dirs, checkpoint_step, read_trainer_state
+
+    for path in checkpoint_dirs(workdir / "train"):
+        if checkpoint_step(path) == step:
+            return round(read_trainer_state(path).train_seconds / 60, 2)
+    return None
+
+
 def _langs(workdir: Path) -> tuple[str, str]:
     languages = json.loads((workdir / "prepared" / "manifest.json").read_text(encoding="utf-8"))["languages"]
     return languages["src"], languages["tgt"]
 
 
-def plot(points: list[dict], path: Path) -> None:
+def plot(points: list[dict], path: Path, x: str = "updates") -> None:
+    """Test BLEU of every run against updates (log scale) or training minutes (points measured
+    before minutes were recorded are left out of the minutes figure)."""
     from nmtkit.viz.figure import new_figure, save_figure
 
+    at = (lambda p: p["step"]) if x == "updates" else (lambda p: p.get("train_minutes"))
+    points = [p for p in points if at(p) is not None]
     fig = new_figure(900, 560)
     ax = fig.add_subplot(1, 1, 1)
     colours = {}
     for label in dict.fromkeys(p["label"] for p in points):
-        mine = sorted((p["step"], p["test"]["bleu"]) for p in points if p["label"] == label)
+        mine = sorted((at(p), p["test"]["bleu"]) for p in points if p["label"] == label)
         line, = ax.plot([s for s, _ in mine], [b for _, b in mine], marker="o", label=label)
         colours[label] = line.get_color()
     bleus = [p["test"]["bleu"] for p in points]
     gap = 0.04 * (max(bleus) - min(bleus) or 1.0)
-    for step in sorted({p["step"] for p in points}):
-        # top to bottom at each step, each number at least `gap` below the one above: no overprinting
+    xs = sorted({at(p) for p in points})
+    nudge = (lambda v: v * 1.04) if x == "updates" else (lambda v: v + 0.02 * (xs[-1] or 1.0))
+    for where in xs:
+        # top to bottom at each x, each number at least `gap` below the one above: no overprinting
         previous = float("inf")
-        for p in sorted((p for p in points if p["step"] == step), key=lambda p: -p["test"]["bleu"]):
+        for p in sorted((p for p in points if at(p) == where), key=lambda p: -p["test"]["bleu"]):
             y = min(p["test"]["bleu"], previous - gap)
             previous = y
-            ax.annotate(f"{p['test']['bleu']:.1f}", (step, p["test"]["bleu"]), xytext=(step * 1.04, y),
+            ax.annotate(f"{p['test']['bleu']:.1f}", (where, p["test"]["bleu"]), xytext=(nudge(where), y),
                         textcoords="data", va="center", fontsize=8, color=colours[p["label"]])
-    ax.set_xscale("log", base=2)
+    if x == "updates":
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{s:,}" for s in xs])
+        ax.set_xlabel("updates (each <= 2,048 target tokens)")
+    else:
+        ax.set_xlabel("training wall-clock minutes")
     ax.margins(x=0.07)
-    steps = sorted({p["step"] for p in points})
-    ax.set_xticks(steps, [f"{s:,}" for s in steps])
-    ax.set_xlabel("updates (each <= 2,048 target tokens)")
     ax.set_ylabel("test BLEU (sacreBLEU)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -118,6 +141,10 @@ def main() -> None:
     if points:
         plot(points, png_path)
         print(f"wrote {json_path} and {png_path}")
+    if any(p.get("train_minutes") is not None for p in points):
+        minutes_path = args.out.with_name(args.out.name + "-minutes.png")
+        plot(points, minutes_path, x="minutes")
+        print(f"wrote {minutes_path}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,17 @@
    mid-body, one before its answer.
 3. Runs the clients, each on its own keep-alive connection, one request after another;
    every answer must equal the reference lines. No new request starts after ``--time-limit``.
-4. SIGTERMs the server, which must exit 0.
+4. With ``--adversaries N``: runs the same honest clients again beside N slow uploaders
+   (headers, then a byte every ``--drip-s``, until the server's ``--read-timeout`` cuts them
+   with 408; then again) and N clients sending requests inside every count limit but over
+   the memory bound (2,000-character texts, 32 phrases of 60 words, beam 16: each must be a
+   413 refused before any search). The honest latency of both passes is reported side by side.
+5. SIGTERMs the server, which must exit 0.
 
 Reports p50/p99/max latency, lines/s served vs batch, requests per model call (from
-/health), and exits 1 if any request went unanswered, wrong, or malformed requests were
-not refused. Both processes share the machine: on few cores the clients' own CPU counts.
+/health), refusals by reason (from /metrics), and exits 1 if any request went unanswered,
+wrong, malformed requests were not refused, or an adversary was not stopped. Both processes
+share the machine: on few cores the clients' own CPU counts.
 """
 from __future__ import annotations
 
@@ -70,7 +76,7 @@ def batch_reference(args, lines: list[str]) -> tuple[dict[str, str], dict]:
 
 def start_server(args) -> tuple[subprocess.Popen, int]:
     argv = [sys.executable, "-m", "nmtkit", "serve", "-m", args.model, "--port", "0", "--device", args.device,
-            "--engine", args.engine, "--batch-window-ms", str(args.window_ms)]
+            "--engine", args.engine, "--batch-window-ms", str(args.window_ms), "--read-timeout", str(args.read_timeout)]
     server = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=common.child_env(args.threads),
                               cwd=common.REPO)
     for raw in server.stderr:
@@ -140,6 +146,73 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def slow_upload(port: int, drip_s: float, stop: threading.Event, out: dict) -> None:
+    """Headers of a 100 kB body, then one byte every ``drip_s`` until the server answers and
+    closes (a 408 counts as cut); again until ``stop`` is set after at least one attempt."""
+    while True:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.settimeout(drip_s)
+            sock.sendall(b"POST /translate HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 100000\r\n\r\n{")
+            reply = b""
+            while True:
+                try:
+                    chunk = sock.recv(4096)
+                except socket.timeout:
+                    try:
+                        sock.sendall(b" ")
+                    except OSError:
+                        break
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                reply += chunk
+        out["cut" if reply.startswith(b"HTTP/1.1 408 ") else "not_cut"] += 1
+        if stop.is_set():
+            return
+
+
+def costly_body(lines: list[str]) -> bytes:
+    """A request inside every default count limit whose search would need tens of gigabytes."""
+    words = " ".join(lines).split() or ["a"]
+    phrase = " ".join(words[i % len(words)] for i in range(60))[:2000].strip()  # within --max-line-chars
+    return json.dumps({"texts": [" ".join(words * 2000)[:2000]], "constraints": [[phrase] * 32],
+                       "beam_size": 16}).encode()
+
+
+def costly_client(port: int, body: bytes, stop: threading.Event, out: dict) -> None:
+    """Sends ``body`` again and again until ``stop``; each answer must be a 413 JSON error."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    while True:
+        start = time.perf_counter()
+        try:
+            status, payload = request(conn, "POST", "/translate", body)
+            refused = status == 413 and "--max-search-bytes" in payload.get("error", "")
+        except (OSError, ValueError, http.client.HTTPException):
+            conn.close()
+            conn, refused = http.client.HTTPConnection("127.0.0.1", port, timeout=300), False
+        out["refused" if refused else "not_refused"] += 1
+        out["refusal_s"] = max(out["refusal_s"], time.perf_counter() - start)
+        if stop.is_set():
+            conn.close()
+            return
+
+
+def adversaries(args, port: int, lines: list[str]) -> tuple[list[threading.Thread], threading.Event, list[dict]]:
+    """``args.adversaries`` slow uploaders and as many over-cost clients, started; each
+    counts its outcomes in a dict of its own (summed once they have stopped)."""
+    stop, body = threading.Event(), costly_body(lines)
+    outs = [{"cut": 0, "not_cut": 0, "refused": 0, "not_refused": 0, "refusal_s": 0.0}
+            for _ in range(2 * args.adversaries)]
+    threads = [threading.Thread(target=slow_upload, args=(port, args.drip_s, stop, out))
+               for out in outs[:args.adversaries]]
+    threads += [threading.Thread(target=costly_client, args=(port, body, stop, out)) for out in outs[args.adversaries:]]
+    for thread in threads:
+        thread.start()
+    return threads, stop, outs
+
+
 def load(args, port: int, plans: list[list[list[str]]], reference: dict[str, str]) -> dict:
     out = {"latencies": [], "lines": 0, "wrong": 0, "errors": []}
     deadline = time.monotonic() + args.time_limit
@@ -159,6 +232,35 @@ def load(args, port: int, plans: list[list[list[str]]], reference: dict[str, str
                                    ("max", max(latencies, default=None)))}}
 
 
+def under_attack(args, port: int, plans: list[list[list[str]]], reference: dict[str, str], lines: list[str]) -> dict:
+    """The honest load again beside the adversaries; its latency, and whether every slow
+    upload was cut (408) and every over-cost request refused (413)."""
+    threads, stop, outs = adversaries(args, port, lines)
+    served = load(args, port, plans, reference)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    out = {key: sum(each[key] for each in outs) for key in ("cut", "not_cut", "refused", "not_refused")}
+    out["refusal_s"] = max(each["refusal_s"] for each in outs)
+    held = (out["cut"] > 0 and not out["not_cut"] and out["refused"] > 0 and not out["not_refused"]
+            and served["answered"] == len(plans) * args.requests and not served["wrong"])
+    return {**{f"attacked_{key}": value for key, value in served.items() if key != "first_errors"},
+            "adversaries": args.adversaries, "slow_uploads_cut": out["cut"], "slow_uploads_not_cut": out["not_cut"],
+            "costly_refused": out["refused"], "costly_not_refused": out["not_refused"],
+            "costly_refusal_max_ms": round(1000 * out["refusal_s"], 1), "adversaries_held": held}
+
+
+def server_counts(port: int) -> tuple[dict, dict[str, str]]:
+    """/health's counters, and /metrics's refusals by reason."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    health = request(conn, "GET", "/health")[1]
+    conn.request("GET", "/metrics")
+    rejected = dict(re.findall(r'nmtkit_rejected_requests_total\{reason="(\w+)"\} (\d+)',
+                               conn.getresponse().read().decode()))
+    conn.close()
+    return health, rejected
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="model directory (ctranslate2: an export)")
@@ -171,6 +273,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-lines", type=int, default=8, help="lines per request: 1 to this")
     parser.add_argument("--window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
     parser.add_argument("--time-limit", type=float, default=900.0, help="seconds after which no request starts")
+    parser.add_argument("--adversaries", type=int, default=0,
+                        help="a second pass beside this many slow uploaders and as many over-cost clients")
+    parser.add_argument("--read-timeout", type=float, default=5.0, help="the server's --read-timeout (seconds)")
+    parser.add_argument("--drip-s", type=float, default=0.5, help="seconds between a slow uploader's bytes")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=str(common.REPO / "benchmarks" / "out"), help="where JSON and Markdown go")
     args = parser.parse_args(argv)
@@ -183,9 +289,8 @@ def main(argv=None) -> dict:
         malformed = check_malformed(port)
         leave_early(port, lines[:4])
         served = load(args, port, plans, reference)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        health = request(conn, "GET", "/health")[1]
-        conn.close()
+        attacked = under_attack(args, port, plans, reference, lines) if args.adversaries else {}
+        health, rejected = server_counts(port)
         server.send_signal(signal.SIGTERM)
         exit_code = server.wait(120)
     finally:
@@ -197,14 +302,16 @@ def main(argv=None) -> dict:
               "served_vs_batch": round(served["lines_s"] / batch["lines_s"], 2),
               "requests_per_batch": round(health["requests"] / max(health["batches"], 1), 2),
               "malformed_refused": f"{sum(malformed.values())}/{len(malformed)}", "server_exit": exit_code,
-              "load_average": common.load_average()}
+              "rejected": {reason: int(count) for reason, count in rejected.items() if count != "0"},
+              **attacked, "load_average": common.load_average()}
     ok = (served["answered"] == record["requests_planned"] and not served["wrong"] and all(malformed.values())
-          and exit_code == 0)
+          and exit_code == 0 and attacked.get("adversaries_held", True))
     record["ok"] = ok
     columns = [("engine", "engine"), ("clients", "clients"), ("answered", "answered"), ("wrong", "wrong"),
                ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("lines_s", "served lines/s"),
                ("batch_lines_s", "batch lines/s"), ("requests_per_batch", "requests/model call"),
-               ("malformed_refused", "malformed refused"), ("ok", "ok")]
+               ("malformed_refused", "malformed refused"), ("attacked_p50_ms", "p50 ms under attack"),
+               ("attacked_p99_ms", "p99 ms under attack"), ("ok", "ok")]
     common.write_results(Path(args.out), "serve_load", [record], columns, "nmtkit serve under load (loopback)",
                          notes=[f"Failed malformed checks: {[k for k, v in malformed.items() if not v]}"])
     print(json.dumps(record))

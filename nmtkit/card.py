@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from nmtkit.checksums import verify
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.modeldir import read_json
 from nmtkit.runlog import read_metrics, read_run_config
+from nmtkit.storage.checksums import verify
 from nmtkit.workdir import RunDir, WorkDir
 
 TRANSFORMER_DIMS = ("d_model", "ffn_dim", "heads", "encoder_layers", "decoder_layers", "pre_norm", "norm", "ffn",

@@ -76,9 +76,9 @@ def _main(
 ) -> None:
     _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
     _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
-    from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
+    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
 
-    keep_freed_memory()  # before the first large tensor: see allocator.py
+    keep_freed_memory()  # before the first large tensor: see runtime/allocator.py
     bound_onednn_cache()  # before torch loads oneDNN (no command has imported it yet)
 
 
@@ -96,7 +96,7 @@ def _refuse_unused(ctx: typer.Context, rules: list) -> None:
 
 
 def _console():
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
 
     return get_console(_state["verbosity"])
 
@@ -131,103 +131,63 @@ def train(
 
 
 @app.command(cls=_Command)
-def translate(
-    ctx: typer.Context,
-    model: List[Path] = opts.MODEL,
-    input: Optional[Path] = opts.INPUT,
-    output: Optional[str] = opts.OUTPUT,
-    beam_size: Optional[int] = opts.BEAM_SIZE,
-    lenpen: Optional[float] = opts.LENPEN,
-    max_len_a: Optional[float] = opts.MAX_LEN_A,
-    max_len_b: Optional[int] = opts.MAX_LEN_B,
-    min_len: Optional[int] = opts.MIN_LEN,
-    nbest: int = opts.NBEST,
-    batch_tokens: Optional[int] = opts.BATCH_TOKENS,
-    device: str = opts.DEVICE,
-    dtype: str = opts.DTYPE,
-    scores: bool = opts.SCORES,
-    alignments: bool = opts.ALIGNMENTS,
-    alignment_units: str = opts.ALIGNMENT_UNITS,
-    sample: bool = opts.SAMPLE,
-    topk: int = opts.TOPK,
-    topp: float = opts.TOPP,
-    temperature: float = opts.TEMPERATURE,
-    seed: int = opts.SEED,
-    errors: str = opts.ERRORS,
-    engine: str = opts.ENGINE,
-    compile: bool = opts.COMPILE,
-    prefix_file: Optional[Path] = opts.PREFIX_FILE,
-    constraints: Optional[Path] = opts.CONSTRAINTS,
-    target_lang: str = opts.TARGET_LANG,
-    stream: bool = opts.STREAM,
-    chunk_lines: int = opts.CHUNK_LINES,
-    max_source_len: int = opts.MAX_SOURCE_LEN,
-) -> None:
+@opts.option_groups
+def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, files: opts.FileFlags,
+              decode_flags: opts.DecodeFlags, call: opts.CallFlags) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
     from nmtkit.decoding.guides import GuideFiles
-    from nmtkit.translation import resolve_options, translate_file
+    from nmtkit.translate_files import resolve_options, translate_file
 
-    _refuse_unused(ctx, [("topk", not sample, "applies to --sample only"),
-                         ("topp", not sample, "applies to --sample only"),
-                         ("temperature", not sample, "applies to --sample only"),
-                         ("seed", not sample, "applies to --sample only (beam search is deterministic)"),
-                         ("beam_size", sample, "does not apply with --sample, which draws --nbest samples"),
-                         ("chunk_lines", stream, "does not apply with --stream, which translates each line alone"),
-                         ("alignment_units", not alignments, "applies to --alignments only")])
-    flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                 batch_tokens=batch_tokens)
-    options = resolve_options(
-        model, flags, nbest=nbest, device=device, dtype=dtype, scores=scores, alignments=alignments,
-        alignment_units=alignment_units, stream=stream, chunk_lines=chunk_lines, max_source_len=max_source_len,
-        sample=sample, topk=topk, topp=topp, temperature=temperature, seed=seed, errors=errors, engine=engine,
-        compile=compile, target_lang=target_lang,
-    )
-    translate_file([str(m) for m in model], input, output, options, _console(), GuideFiles(prefix_file, constraints))
+    _refuse_unused(ctx, [("topk", not call.sample, "applies to --sample only"),
+                         ("topp", not call.sample, "applies to --sample only"),
+                         ("temperature", not call.sample, "applies to --sample only"),
+                         ("seed", not call.sample, "applies to --sample only (beam search is deterministic)"),
+                         ("beam_size", call.sample, "does not apply with --sample, which draws --nbest samples"),
+                         ("chunk_lines", call.stream, "does not apply with --stream, which translates each line alone"),
+                         ("alignment_units", not call.alignments, "applies to --alignments only")])
+    options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags, call))
+    translate_file([str(m) for m in model], files.input, files.output, options, _console(),
+                   GuideFiles(files.prefix_file, files.constraints))
 
 
 _LIMITS = Limits()  # the server's request limits, defined once
 
 
 @app.command(cls=_Command)
+@opts.option_groups
 def serve(
-    model: List[Path] = typer.Option(..., "-m", "--model", help="Model directory (repeat to ensemble; ctranslate2: an export)."),
+    model: opts.Models,
+    run_flags: opts.RunFlags,
+    decode_flags: opts.DecodeFlags,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, printed at start)."),
-    engine: str = typer.Option(opts.DEFAULTS.engine, "--engine", help="auto (ctranslate2 for an export), torch or ctranslate2."),
-    device: str = opts.DEVICE,
-    dtype: str = opts.DTYPE,
-    beam_size: Optional[int] = opts.BEAM_SIZE,
-    lenpen: Optional[float] = opts.LENPEN,
-    max_len_a: Optional[float] = opts.MAX_LEN_A,
-    max_len_b: Optional[int] = opts.MAX_LEN_B,
-    min_len: Optional[int] = opts.MIN_LEN,
-    batch_tokens: Optional[int] = opts.decode_flag("batch_tokens", "Source tokens x beam per model call (requests "
-                                                   "are collected up to it)"),
     batch_window_ms: float = typer.Option(5.0, "--batch-window-ms", help="How long the first waiting request waits for others to join its batch."),
     max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
     max_line_chars: int = typer.Option(_LIMITS.max_line_chars, "--max-line-chars", help="Longest text in characters (413 above)."),
     max_beam: int = typer.Option(_LIMITS.max_beam, "--max-beam", help="Largest beam_size and nbest a request may ask for."),
-    target_lang: str = typer.Option(opts.DEFAULTS.target_lang, "--target-lang", metavar="<lang>", show_default=False,
-                                    help="A multilingual model: the language to translate into when a request "
-                                         "gives no target_lang (as translate --target-lang)."),
+    max_search_bytes: int = typer.Option(_LIMITS.max_search_bytes, "--max-search-bytes",
+                                         help="Largest estimated memory of one search call a request may need (413 above)."),
+    read_timeout: float = typer.Option(_LIMITS.read_timeout_s, "--read-timeout",
+                                       help="Seconds a request body may take to arrive after its headers (408 after)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="NMTKIT_API_KEY", show_default=False,
+                                          help="Answer only requests that carry this key ('Authorization: Bearer KEY' "
+                                               "or 'X-API-Key: KEY'); others get 401."),
 ) -> None:
-    """Serve translations over HTTP: POST /translate, GET /health, GET /info (needs the serve extra).
+    """Serve translations over HTTP: POST /translate, GET /health, /info, /metrics (needs the serve extra).
     A request's decode settings default to these flags, else to the model's saved ones, as in translate."""
     from nmtkit.serving import require_http_stack
 
     require_http_stack()
     from nmtkit.serving.app import serve as run_server
-    from nmtkit.translation import resolve_options
+    from nmtkit.translate_files import resolve_options
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
-                    max_beam=max_beam)
-    flags = dict(beam_size=beam_size, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                 batch_tokens=batch_tokens)
-    options = resolve_options(model, flags, engine=engine, device=device, dtype=dtype, target_lang=target_lang)
+                    max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout)
+    options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags))
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
-               verbose=_state["verbosity"] > 0)
+               verbose=_state["verbosity"] > 0, api_key=api_key)
 
 
 @app.command(cls=_Command)
@@ -235,7 +195,22 @@ def score(
     ref: List[Path] = typer.Option(..., "-r", "--ref", help="Reference file (repeat for several references)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Hypotheses (default: stdin)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A second system's hypotheses: paired significance test."),
-    metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, ter."),
+    metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, chrf++ (word "
+                                "bigrams too), ter, comet (needs --comet-model and --source)."),
+    tokenize: Optional[str] = typer.Option(None, "--tokenize", "-tok", show_default=False,
+                                           help="BLEU's tokenizer (sacreBLEU's -tok): 13a, intl, zh, ja-mecab, "
+                                           "ko-mecab, char, flores101, flores200, spBLEU-1K, none (default: from "
+                                           "--target-lang, else 13a)."),
+    target_lang: Optional[str] = typer.Option(None, "--target-lang", "-l", show_default=False,
+                                              help="Language of the references (zh, ja, ko, ...): chooses the "
+                                              "tokenizer when --tokenize is not given."),
+    segments: Optional[Path] = typer.Option(None, "--segments", show_default=False,
+                                            help="Also write each line's scores to FILE as JSON lines."),
+    source: Optional[Path] = typer.Option(None, "-s", "--source", show_default=False,
+                                          help="The source sentences (COMET reads them)."),
+    comet_model: Optional[str] = typer.Option(None, "--comet-model", show_default=False,
+                                              help="A local COMET model directory (DIR/checkpoints/model.ckpt)."),
+    comet_batch_size: int = typer.Option(16, "--comet-batch-size", help="Sentences per COMET batch."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     tokenized_bleu: bool = typer.Option(False, "--tokenized-bleu", help="Also report paper-style tokenized, compound-split BLEU (not comparable to sacreBLEU)."),
     test: Optional[str] = typer.Option(None, "--test", show_default=False, help="Significance test with --baseline: "
@@ -248,13 +223,15 @@ def score(
                                           help="Significance level with --baseline (default 0.05): a system is named better "
                                           "only when p < alpha; intervals are (1 - alpha) confidence intervals."),
 ) -> None:
-    """Score hypotheses against references with sacreBLEU (BLEU, chrF, TER)."""
-    from nmtkit.scoring.report import score_command
+    """Score hypotheses against references with sacreBLEU (BLEU, chrF, chrF++, TER) and COMET."""
+    from nmtkit.scoring.report import ScoreOptions, score_command
 
+    options = ScoreOptions(metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()), tokenize=tokenize or "",
+                           target_lang=target_lang or "", lowercase=lowercase, comet_model=comet_model or "",
+                           comet_batch_size=comet_batch_size)
     score_command(
-        refs=ref, hyp=input, baseline=baseline, metrics=[m.strip() for m in metrics.split(",") if m.strip()],
-        as_json=json_out, tokenized_bleu=tokenized_bleu, test=test, resamples=resamples, lowercase=lowercase,
-        console=_console(), alpha=alpha,
+        refs=ref, hyp=input, baseline=baseline, options=options, as_json=json_out, tokenized_bleu=tokenized_bleu,
+        test=test, resamples=resamples, console=_console(), alpha=alpha, sources=source, segments=segments,
     )
 
 
@@ -274,11 +251,16 @@ def sweep(
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this variant (repeat for several).",
                                              show_default=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the variants with their parameter counts; run nothing."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="<1,2,3>", show_default=False,
+                                        help="Run every variant once per training seed (replaces the file's seeds)."),
+    splits: Optional[int] = typer.Option(None, "--splits", metavar="<K>", show_default=False,
+                                         help="... and once per data split 0..K-1 (data.split_seed; 0 is the "
+                                              "recipe's own split; replaces the file's splits)."),
 ) -> None:
     """Run every variant of a recipe (each as `nmtkit run`) and tabulate them with significance tests."""
-    from nmtkit.sweep.spec import load_sweep
+    from nmtkit.sweep.spec import load_sweep, parse_seeds
 
-    plan = load_sweep(sweep_file)
+    plan = load_sweep(sweep_file, parse_seeds(seeds) if seeds is not None else None, splits)
     from nmtkit.sweep.runner import run_sweep
 
     run_sweep(plan, _console(), only=only, dry_run=dry_run, debug=_state["debug"])
@@ -287,7 +269,7 @@ def sweep(
 @app.command(cls=_Command)
 def verses(
     module: str = typer.Argument(..., help="Installed SWORD module, e.g. KJV (Debian sword-text-kjv).", show_default=False),
-    output: Optional[str] = opts.OUTPUT,
+    output: opts.Output = None,
     exclude: List[Path] = typer.Option([], "--exclude", metavar="<prepared dir>", show_default=False,
                                        help="Leave out the dev and test verses of this prepared/ directory "
                                             "(repeatable): another translation of them would leak their meaning."),
@@ -337,12 +319,18 @@ def plot(
     x: str = typer.Option("step", "--x", help="x axis: step (updates) or time (training wall time)."),
     size: str = typer.Option("1200x800", "--size", help="Image size in pixels, WIDTHxHEIGHT."),
 ) -> None:
-    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs."""
-    from nmtkit.sweep.spec import sweep_runs
+    """Plot training loss, dev loss, dev BLEU and learning rate of one or more runs (a sweep over seeds
+    and splits: each variant's mean with error bars of one standard deviation, and its test BLEU)."""
+    from nmtkit.sweep.plan import sweep_groups, sweep_runs
     from nmtkit.viz.curves import plot_curves
     from nmtkit.viz.figure import parse_size
 
     labels = None
+    if len(run_dirs) == 1 and (groups := sweep_groups(run_dirs[0])) is not None:
+        from nmtkit.viz.spread import plot_spread
+
+        _console().info(f"wrote {plot_spread(groups, output, x=x, size=parse_size(size))}")
+        return
     if len(run_dirs) == 1 and (runs := sweep_runs(run_dirs[0])) is not None:
         labels, run_dirs = [name for name, _ in runs], [path for _, path in runs]
     _console().info(f"wrote {plot_curves(run_dirs, output, x=x, size=parse_size(size), labels=labels)}")
@@ -365,7 +353,7 @@ def attention(
     size: Optional[str] = typer.Option(None, "--size", help="Image size WIDTHxHEIGHT in pixels (default: fits the sentence).",
                                        show_default=False),
     device: str = typer.Option("cpu", "--device", help="auto, cpu, cuda or cuda:N."),
-    target_lang: str = opts.TARGET_LANG,
+    target_lang: opts.TargetLang = opts.DEFAULTS.target_lang,
 ) -> None:
     """Translate one sentence as translate does and show its source x target attention (SentencePiece pieces)."""
     from nmtkit.viz.attention import attention_command

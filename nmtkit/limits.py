@@ -64,7 +64,7 @@ WIDTH = Bound(1, MAX_DIM)
 RANGES: dict[str, Bound] = {
     "data.max_train_pairs": OPTIONAL_COUNT, "data.dev_size": OPTIONAL_COUNT, "data.test_size": OPTIONAL_COUNT,
     "data.corpora.max_train_pairs": OPTIONAL_COUNT, "data.corpora.dev_size": OPTIONAL_COUNT,
-    "data.corpora.test_size": OPTIONAL_COUNT,
+    "data.corpora.test_size": OPTIONAL_COUNT, "data.split_seed": Bound(0, 2**31 - 1),
     "data.corpora.weight": Bound(0, 1000, low_open=True),  # x its pairs per epoch: 0 would leave it out
     "data.clean.max_len": Bound(0, 1_000_000), "data.clean.max_ratio": Bound(0, 1000),
     "vocab.size": Bound(8, 1_000_000),  # the 4 specials plus a few pieces; SentencePiece's own ceiling is far above
@@ -80,7 +80,7 @@ RANGES: dict[str, Bound] = {
     "model.moe_capacity_factor": Bound(0, 1024), "model.embed_dim": WIDTH, "model.hidden_dim": WIDTH,
     "train.max_tokens": Bound(1, 10**9), "train.update_freq": Bound(1, 1_000_000),
     "train.batches_per_update": Bound(0, 1_000_000), "train.max_steps": COUNT, "train.max_epochs": OPTIONAL_COUNT,
-    "train.max_minutes": Bound(0, 10**9), "train.lr": Bound(0, 100, low_open=True), "train.warmup": OPTIONAL_COUNT,
+    "train.max_minutes": Bound(0, 10**9), "train.max_flops": Bound(0, 1e30), "train.lr": Bound(0, 100, low_open=True), "train.warmup": OPTIONAL_COUNT,
     "train.eps": Bound(0, 1), "train.weight_decay": Bound(0, 10), "train.label_smoothing": FRACTION,
     "train.clip_norm": Bound(0, 10**9), "train.ema_decay": FRACTION, "train.seed": Bound(0, MAX_SEED),
     "train.log_every": COUNT, "train.validate_every": COUNT, "train.save_every": COUNT,
@@ -93,6 +93,7 @@ RANGES: dict[str, Bound] = {
     # outputs are buffered as [sentences, beam, limit] ids: a limit past 10k pieces only allocates
     "decode.max_len_a": Bound(0, 100), "decode.max_len_b": Bound(0, 10_000), "decode.min_len": Bound(0, 10_000),
     "decode.batch_tokens": Bound(1, 10**9),
+    "eval.comet_batch_size": Bound(1, 100_000),
     # translate options without a recipe key
     "translate.nbest": Bound(1, 1000), "translate.topk": Bound(0, 1_000_000),
     "translate.topp": Bound(0, 1, low_open=True),

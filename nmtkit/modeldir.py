@@ -4,7 +4,7 @@
     MODEL_DIR/config.json         model config, vocab sizes, languages, weight checksum, metadata
     MODEL_DIR/spm*.model          the SentencePiece model(s)
 
-    MODEL_DIR/checksums.json      size and sha256 of every file above (nmtkit.checksums)
+    MODEL_DIR/checksums.json      size and sha256 of every file above (nmtkit.storage.checksums)
 
 The directory is written to a temporary sibling and renamed into place, so a reader
 never sees half of one. Loading verifies each file it reads against checksums.json and
@@ -28,13 +28,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from nmtkit import __version__
-from nmtkit.checksums import MANIFEST, verify, write_manifest
 from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
-from nmtkit.files import UMASK, atomic_write_text, read_regular, replace_directory, sha256_file, temp_beside
 from nmtkit.models.base import Seq2Seq
 from nmtkit.models.build import build_model
+from nmtkit.storage.checksums import MANIFEST, verify, write_manifest
+from nmtkit.storage.files import UMASK, atomic_write_text, read_regular, replace_directory, sha256_file, temp_beside
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 MODEL_FILES = (WEIGHTS, CONFIG)  # besides the SentencePiece model(s) that config.json names

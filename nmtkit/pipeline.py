@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from nmtkit.config import Config
-from nmtkit.files import atomic_write_text, read_json_dict, read_lines, sha256_file
+from nmtkit.storage.files import atomic_write_text, read_json_dict, read_lines, sha256_file
 from nmtkit.workdir import RunDir, WorkDir
 
 
@@ -121,10 +121,11 @@ def run_recipe(cfg: Config, console) -> dict:
     """Run every step of the recipe and return the results dict."""
     from nmtkit.data.ids import prepared_file
     from nmtkit.data.prepare import prepare
-    from nmtkit.scoring.metrics import corpus_scores
+    from nmtkit.scoring.report import score_all
     from nmtkit.training.trainer import train
 
     started = time.perf_counter()
+    score_options = eval_options(cfg)  # a tokenizer or COMET that cannot run here: found before any work
     console.rule("[bold]1/4 prepare")
     prepare(cfg, console)
     console.rule("[bold]2/4 train")
@@ -141,10 +142,11 @@ def run_recipe(cfg: Config, console) -> dict:
         hyps, seconds = translate_split(cfg, split, out_dir, console, options, meta.get("weights_sha256"),
                                          translator)
         refs = read_lines(prepared_file(work.text(split, cfg.data.tgt_lang)))
-        scores = corpus_scores(hyps, [refs])
+        sources = read_lines(prepared_file(work.text(split, cfg.data.src_lang))) if cfg.eval.comet_model else None
+        scores, _ = score_all(hyps, [refs], score_options, sources)
         results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 3),
-                                    **{m: {"score": round(s["score"], 2), "signature": s["signature"]}
-                                       for m, s in scores.items()}}
+                                    **{m: {"score": round(s["score"], 4 if m == "comet" else 2),
+                                           "signature": s["signature"]} for m, s in scores.items()}}
     console.rule("[bold]4/4 results")
     trainer_meta = _training_summary(run_dir)
     results.update(parameters=meta.get("parameters"), **trainer_meta,
@@ -153,9 +155,32 @@ def run_recipe(cfg: Config, console) -> dict:
     atomic_write_text(out_dir / "results.md", results_markdown(results))
     _print_results(console, results)
     test = results["splits"]["test"]
-    print(f"test BLEU {test['bleu']['score']:.2f}  chrF {test['chrf']['score']:.2f}  TER {test['ter']['score']:.2f}  "
-          f"({cfg.name}; {test['bleu']['signature']})")
+    figures = "  ".join(f"{label} {test[m]['score']:.{4 if m == 'comet' else 2}f}"
+                        for m, label in _LABELS.items() if m in test and m != "bleu")
+    print(f"test BLEU {test['bleu']['score']:.2f}  {figures}  ({cfg.name}; {test['bleu']['signature']})")
     return results
+
+
+# the column of each metric, in the order the tables show them
+_LABELS = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER", "comet": "COMET"}
+
+
+def eval_options(cfg: Config):
+    """The recipe's eval section as `nmtkit score`'s options, checked (tokenizer packages, COMET)."""
+    from nmtkit.scoring.report import ScoreOptions, check_options
+
+    evaluation = cfg.eval
+    options = ScoreOptions(metrics=tuple(evaluation.metric_names()), tokenize=evaluation.tokenize,
+                           target_lang=cfg.data.tgt_lang, lowercase=evaluation.lowercase,
+                           comet_model=evaluation.comet_model, comet_batch_size=evaluation.comet_batch_size)
+    check_options(options, with_sources=True)  # `run` has the source text of every split
+    return options
+
+
+def _metric_columns(results: dict) -> list[str]:
+    """The metrics every split was scored with, in table order."""
+    splits = list(results["splits"].values())
+    return [m for m in _LABELS if all(m in split for split in splits)]
 
 
 def _training_summary(run_dir: Path) -> dict:
@@ -169,14 +194,20 @@ def _training_summary(run_dir: Path) -> dict:
         trainer = None
     if trainer is None:
         return {}
-    return {"train_steps": trainer.step, "train_minutes": round(trainer.train_seconds / 60, 1)}
+    return {"train_steps": trainer.step, "train_minutes": round(trainer.train_seconds / 60, 1),
+            "train_flops": trainer.train_flops}
+
+
+def _cells(r: dict, metrics: list[str]) -> list[str]:
+    return [f"{r[m]['score']:.{4 if m == 'comet' else 2}f}" for m in metrics]
 
 
 def results_markdown(results: dict) -> str:
-    lines = [f"# Results: {results['recipe']}", "", "| split | sentences | BLEU | chrF | TER |", "|---|---|---|---|---|"]
+    metrics = _metric_columns(results)
+    lines = [f"# Results: {results['recipe']}", "", "| split | sentences | " + " | ".join(_LABELS[m] for m in metrics)
+             + " |", "|---|---|" + "---|" * len(metrics)]
     for split, r in results["splits"].items():
-        lines.append(f"| {split} | {r['sentences']} | {r['bleu']['score']:.2f} | {r['chrf']['score']:.2f} "
-                     f"| {r['ter']['score']:.2f} |")
+        lines.append(f"| {split} | {r['sentences']} | " + " | ".join(_cells(r, metrics)) + " |")
     lines += ["", f"- model: `{results['model_dir']}` ({results.get('parameters') or 0:,} parameters)",
               f"- training: {results.get('train_steps', '?')} steps, {results.get('train_minutes', '?')} min",
               f"- BLEU signature: `{results['splits']['test']['bleu']['signature']}`", ""]
@@ -186,12 +217,12 @@ def results_markdown(results: dict) -> str:
 def _print_results(console, results: dict) -> None:
     from rich.table import Table
 
+    metrics = _metric_columns(results)
     table = Table(title=f"{results['recipe']}: results")
-    for col in ("split", "sentences", "BLEU", "chrF", "TER"):
+    for col in ("split", "sentences", *(_LABELS[m] for m in metrics)):
         table.add_column(col, justify="right" if col != "split" else "left")
     for split, r in results["splits"].items():
-        table.add_row(split, str(r["sentences"]), f"{r['bleu']['score']:.2f}", f"{r['chrf']['score']:.2f}",
-                      f"{r['ter']['score']:.2f}")
+        table.add_row(split, str(r["sentences"]), *_cells(r, metrics))
     console.info(table)
     console.info(f"parameters {results.get('parameters') or 0:,}; trained {results.get('train_steps', '?')} steps in "
                  f"{results.get('train_minutes', '?')} min; total {results['total_minutes']} min")

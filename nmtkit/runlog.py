@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.files import atomic_write_text, read_regular
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, safe_yaml
+from nmtkit.storage.files import atomic_write_text, read_regular
 from nmtkit.workdir import RunDir, WorkDir
 
 
@@ -55,8 +55,9 @@ def read_run_config(run_dir: str | Path) -> Optional[dict]:
 
 def saved_section(saved: dict, section: str, cfg) -> dict:
     """One section of a saved run config, for comparing with ``cfg``'s: a key the saved recipe
-    lacks was added to nmtkit since, and that run used its default."""
-    return {**json.loads(json.dumps(type(cfg)().to_dict()[section])), **(saved.get(section) or {})}
+    lacks was added to nmtkit since, and that run used the value nmtkit had then (its default,
+    or its old value where the default changed: ``LEGACY_VALUES``)."""
+    return {**json.loads(json.dumps(type(cfg).legacy_tree()[section])), **(saved.get(section) or {})}
 
 
 def check_resume_settings(cfg, run_dir: Path, console) -> None:

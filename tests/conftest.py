@@ -1,14 +1,21 @@
-"""Shared fixtures: tiny models and a tiny SentencePiece model keep every test fast."""
+"""Shared fixtures and the tiny data, recipes and models that several test files build: tiny
+models and a tiny SentencePiece model keep every test fast. Shared helpers that are not
+builders live in ``support/``."""
 from __future__ import annotations
 
 import gzip
-import os
 import random
-import subprocess
-import sys
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
+
+from nmtkit.config import ModelConfig
+from nmtkit.decoding.options import TranslateOptions
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
@@ -37,15 +44,6 @@ def tiny_spm(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("spm") / "spm.model"
     train_spm(tiny_sentences(600), path, vocab_size=40)
     return path
-
-
-def run_cli(*args: str, input: str | bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m nmtkit ARGS`` the way a user would (text in, text out)."""
-    if isinstance(input, str):
-        input = input.encode("utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: threads only add overhead
-    return subprocess.run([sys.executable, "-m", "nmtkit", *args], input=input, capture_output=True, cwd=cwd,
-                          timeout=600, env=env)
 
 
 SYMBOLS = "a b c d e f g h i j".split()
@@ -171,13 +169,88 @@ def tagged_model(tmp_path: Path, steps: int = 400) -> Path:
     return fit_tiny(cfg, spm, tmp_path / "model", pairs)
 
 
-def cli_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """``nmtkit ARGS`` in this process, through ``nmtkit.cli.main`` (no interpreter start-up):
-    (exit code, stdout, stderr)."""
-    from nmtkit.cli import main
+# --- tiny recipes, data and models shared by several test files ---------------------------------
 
-    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    captured = capsys.readouterr()
-    return stopped.value.code or 0, captured.out, captured.err
+MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
+
+
+def recipe_in(workdir: Path, prepared: Path, **train) -> Path:
+    """A recipe training ``MODEL`` on a copy of the ``prepared`` directory, written in ``workdir``."""
+    shutil.copytree(prepared, workdir / "prepared")
+    recipe = tiny_recipe(workdir, model=MODEL, train={"max_tokens": 200, "validate_every": 100, **train})
+    path = workdir / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    return path
+
+
+def reversal_files(root: Path) -> dict:
+    """Reversal pairs as text files (80 train, 6 dev, 6 test) under ``root``: a recipe's data.files."""
+    files: dict = {}
+    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
+                         ("test", reversal_pairs(6, 2, 5))):
+        for lang, side in (("src", 0), ("tgt", 1)):
+            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
+    return files
+
+
+def write_pairs(root: Path, name: str, pairs: list[tuple[str, str]]) -> dict:
+    """``pairs`` as ROOT/NAME.src and ROOT/NAME.tgt: a corpus's ``files`` entry."""
+    paths = {}
+    for lang, side in (("src", 0), ("tgt", 1)):
+        paths[lang] = root / f"{name}.{lang}"
+        paths[lang].write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    return {lang: str(path) for lang, path in paths.items()}
+
+
+FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float32")  # translate settings, quick
+
+
+def save_tiny_model(directory: Path, spm: Path, seed: int) -> Path:
+    """A random (untrained) 2-layer Transformer saved as a model directory."""
+    from nmtkit.data.vocab import Vocab
+    from nmtkit.models.build import build_model
+    from nmtkit.modeldir import save_model_dir
+
+    cfg = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                      max_positions=64)
+    size = len(Vocab(spm))
+    torch.manual_seed(seed)
+    model = build_model(cfg, size, size)
+    with torch.no_grad():  # sharper than the default init, so outputs vary with the input
+        model.output_proj.weight.mul_(8.0)
+    return save_model_dir(model, cfg, directory, spm, spm, {"note": "random test model"})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tiny_spm) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("model") / "model", tiny_spm, seed=0)
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    from nmtkit.modeldir import load_model_dir
+
+    return [load_model_dir(model_dir)]
+
+
+def options(**kw) -> TranslateOptions:
+    """``FAST`` translate options with ``kw`` on top."""
+    return TranslateOptions(**{**FAST, **kw})
+
+
+def concurrently(client, bodies: list[dict]) -> list:
+    """The answers to POST /translate of every body, all sent at once from threads of their own."""
+    answers: list = [None] * len(bodies)
+    start = threading.Barrier(len(bodies))
+
+    def ask(k: int) -> None:
+        start.wait()
+        answers[k] = client.post("/translate", json=bodies[k])
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers

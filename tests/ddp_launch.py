@@ -11,8 +11,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from nmtkit.config import load_config
-from nmtkit.console import get_console
 from nmtkit.modeldir import state_dict_for_save
+from nmtkit.runtime.console import get_console
 from nmtkit.training import distributed as dist
 from nmtkit.training import trainer
 

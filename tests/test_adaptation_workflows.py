@@ -1,5 +1,5 @@
-"""Back-translation and distillation end to end through the CLI, as README documents them
-(issue 17, items 4-5): translate a corpus with one model, train another on the result."""
+"""Back-translation and distillation end to end through the CLI, as README documents them:
+translate a corpus with one model, train another on the result."""
 from __future__ import annotations
 
 import gzip
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from conftest import cli_in_process, reversal_pairs, sequences, train_tiny
-from test_corpora import write_pairs
+from conftest import reversal_pairs, sequences, train_tiny, write_pairs
+from support.cli import cli_in_process
 
 
 def nmtkit(monkeypatch, capsys, *args: str) -> str:

@@ -6,10 +6,9 @@ import re
 import pytest
 import torch
 
-from conftest import tiny_sentences
+from conftest import options, tiny_sentences
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.translate import translate_lines
-from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
 
 
 def test_pieces_map_to_the_words_they_belong_to_on_a_hand_made_case():
@@ -35,7 +34,7 @@ def test_piece_pairs_take_each_target_piece_to_its_most_attended_source_piece():
     assert piece_pairs(None, 3) == [] and piece_pairs(attention, 0) == []
 
 
-def test_vocab_surfaces_give_the_words_of_the_line(loaded):  # noqa: F811
+def test_vocab_surfaces_give_the_words_of_the_line(loaded):
     vocab = loaded[0].src_vocab
     for line in ["the  cat sat", "quickly  the big\u00a0dog", "the cat\u20ac sat €€", ""]:
         ids = vocab.encode(line)
@@ -60,7 +59,7 @@ def reference_words(surfaces: list[str]) -> list[set[int]]:
 
 
 @pytest.mark.parametrize("nbest", [1, 2])
-def test_translate_word_alignments_map_its_piece_alignments(loaded, nbest):  # noqa: F811
+def test_translate_word_alignments_map_its_piece_alignments(loaded, nbest):
     from nmtkit.decoding.torch_engine import TorchEngine
     from nmtkit.decoding.translate import Translator
 
@@ -87,7 +86,7 @@ def test_translate_word_alignments_map_its_piece_alignments(loaded, nbest):  # n
     assert differs > 0  # words made of several pieces occur: the mapping is exercised
 
 
-def test_the_server_answers_alignments_as_translate_writes_them(loaded):  # noqa: F811
+def test_the_server_answers_alignments_as_translate_writes_them(loaded):
     from nmtkit.decoding.torch_engine import TorchEngine
     from nmtkit.serving.batcher import Batcher
     from nmtkit.serving.requests import Limits, RequestError, parse_request
@@ -108,7 +107,7 @@ def test_the_server_answers_alignments_as_translate_writes_them(loaded):  # noqa
         parse_request(b'{"texts": ["a"], "alignment_units": "chars"}', Limits())
 
 
-def test_word_alignments_count_the_words_of_a_prefixed_output(loaded):  # noqa: F811
+def test_word_alignments_count_the_words_of_a_prefixed_output(loaded):
     from nmtkit.decoding.guides import Guide
     from nmtkit.decoding.torch_engine import TorchEngine
     from nmtkit.decoding.translate import Translator

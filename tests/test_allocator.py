@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from nmtkit.allocator import bound_onednn_cache, keep_freed_memory
+from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
 
 PROBE = """
 import resource, sys, torch
-from nmtkit.allocator import keep_freed_memory
+from nmtkit.runtime.allocator import keep_freed_memory
 if sys.argv[1] == "tuned":
     assert keep_freed_memory()
 def step():  # what a training step does: large tensors of a few sizes, allocated and freed

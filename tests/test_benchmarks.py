@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from conftest import reversal_pairs, tiny_recipe, write_prepared
+from support.cli import run_cli
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -305,3 +306,31 @@ def test_table3_mini_takes_each_row_from_the_latest_sitting_and_compares_it_with
     assert "| base | 3 | d 256, FFN 1024, 3+3 layers, 4 heads of 64, post-norm, sinusoidal | pending |" in lines[2]
     assert "| C | 3 | 4+4 layers | 3.300 | 15.00 | 14.00 | — |" in next(line for line in lines if "| 4+4 layers |" in line)
     assert table3_mini.table([{"variants": []}]).splitlines()[2].startswith("| base | — |")
+
+
+def test_learning_curve_points_carry_the_runs_training_minutes(trained, tmp_path):
+    """BLEU per minute needs each point's training time: the checkpoint's, which the metrics
+    log shows too; a step without its checkpoint has none."""
+    import learning_curve
+
+    from nmtkit.runlog import read_metrics
+    from nmtkit.training.checkpoint import checkpoint_dirs, checkpoint_step, read_trainer_state
+
+    run = trained[1].parent / "train"
+    [checkpoint] = [path for path in checkpoint_dirs(run) if checkpoint_step(path) == 10]
+    seconds = read_trainer_state(checkpoint).train_seconds
+    logged = [r["train_seconds"] for r in read_metrics(run) if r.get("type") == "train" and r["step"] == 10]
+    assert seconds > 0 and logged and abs(logged[0] - seconds) < 1.0
+    assert learning_curve.train_minutes(run.parent, 10) == round(seconds / 60, 2)
+    assert learning_curve.train_minutes(run.parent, 7) is None
+
+
+def test_learning_curve_draws_bleu_against_updates_and_minutes(tmp_path):
+    import learning_curve
+
+    points = [{"label": "A", "step": 600, "train_minutes": 7.2, "test": {"bleu": 12.4}},
+              {"label": "A", "step": 1200, "train_minutes": 14.4, "test": {"bleu": 26.2}},
+              {"label": "B", "step": 600, "test": {"bleu": 18.2}}]  # measured before minutes were kept
+    for x in ("updates", "minutes"):
+        learning_curve.plot(points, tmp_path / f"{x}.png", x=x)
+        assert (tmp_path / f"{x}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """Every option and argument of every command, given any value, either works or is refused in
-one line (exit 2 for a bad value, 1 for a runtime failure), never a traceback (issue 14).
+one line (exit 2 for a bad value, 1 for a runtime failure), never a traceback.
 
 The options are read from the command line app itself, so a new option is fuzzed as soon as
 it exists. Each command starts from an invocation that succeeds quickly on a tiny model; one
@@ -45,8 +45,8 @@ def setup(tmp_path_factory) -> dict:
     """A trained run (2 checkpoints, best/, metrics), references and hypotheses, a recipe whose
     data files are missing (prepare and run stop at once), a sweep file and an export."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
     from nmtkit.ctranslate2.export import export_ctranslate2
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     root = tmp_path_factory.mktemp("cli-options")
@@ -175,12 +175,12 @@ def run_command(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
 def scratch(tmp_path, monkeypatch):
     """A working directory for relative outputs; the server returns once it listens, and
     --compile finds no C++ compiler (it would compile for tens of seconds)."""
-    import nmtkit.compiler
+    import nmtkit.runtime.compiler
     import nmtkit.serving.app
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(nmtkit.serving.app, "run_until_stopped", lambda server, sock: None)
-    monkeypatch.setattr(nmtkit.compiler, "missing_compiler", lambda device: "no compiler in this test")
+    monkeypatch.setattr(nmtkit.runtime.compiler, "missing_compiler", lambda device: "no compiler in this test")
     return tmp_path
 
 
@@ -191,7 +191,7 @@ ANSWERS_ON_STDERR = ("train", "sweep")  # --dry-run's table is the answer, print
 
 
 def test_every_command_has_a_base_invocation_that_works_quietly(setup, scratch, monkeypatch, capsys):
-    """The starting points work, and with -q a successful command prints nothing on stderr (item 8)."""
+    """The starting points work, and with -q a successful command prints nothing on stderr."""
     for command in COMMANDS:
         code, err = run_command(monkeypatch, capsys, invocation(command, setup))
         if command in ("prepare", "run"):
@@ -229,8 +229,8 @@ def test_any_value_of_any_option_works_or_is_one_line(setup, scratch, monkeypatc
 def test_any_recipe_value_builds_the_model_or_is_one_line(setup, scratch, monkeypatch, capsys, data):
     """Beyond loading (test_config_rules): a value that loads also builds its model, in ``train
     --dry-run`` (on the meta device, so a size this machine cannot hold still gets its table)."""
-    from test_config_rules import VALUES as RECIPE_VALUES
-    from test_config_rules import config_keys
+    from support.recipe_space import VALUES as RECIPE_VALUES
+    from support.recipe_space import config_keys
 
     key = data.draw(st.sampled_from(config_keys()), label="key")
     value = data.draw(RECIPE_VALUES.map(lambda v: json.dumps(v) if not isinstance(v, str) else v), label="value")

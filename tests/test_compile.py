@@ -20,7 +20,7 @@ MODEL = {"d_model": 16, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1}
 
 def quiet_console():
     """get_console(-1), keeping its warnings in ``.warnings``."""
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
 
     console = get_console(-1)
     console.warnings = []
@@ -69,9 +69,9 @@ def test_without_a_cpp_compiler_training_warns_once_and_runs_uncompiled(prepared
 def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepared_task, tmp_path):
     from torch._dynamo.utils import counters
 
-    from nmtkit.compiler import missing_compiler
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
     from nmtkit.modeldir import load_model_dir
+    from nmtkit.runtime.compiler import missing_compiler
     from nmtkit.training.checkpoint import average_checkpoints, checkpoint_dirs
 
     if missing_compiler(torch.device("cpu")):
@@ -100,7 +100,8 @@ def test_compiled_training_matches_eager_and_leaves_ordinary_checkpoints(prepare
 
 def test_translate_compile_without_a_cpp_compiler_warns_once_and_translates_the_same(tmp_path, reversal_spm,
                                                                                      monkeypatch):
-    from conftest import run_cli, train_tiny
+    from conftest import train_tiny
+    from support.cli import run_cli
     from nmtkit.decoding.translate import TranslateOptions
     from nmtkit.errors import ConfigError
 

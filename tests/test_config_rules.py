@@ -17,20 +17,10 @@ from hypothesis import strategies as st
 from nmtkit.config import NUMERIC_KEYS, Config, apply_overrides, from_dict, load_config
 from nmtkit.errors import ConfigError
 from nmtkit.limits import COMMAND_OPTIONS, RANGES
+from support.recipe_space import VALUES, config_keys
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 SOURCE = {"data": {"source": "files"}}
-
-
-def config_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Dotted names of every leaf field of the config dataclasses."""
-    keys, hints = [], typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            keys += config_keys(hints[f.name], f"{prefix}{f.name}.")
-        else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
 
 
 def with_key(key: str, value, base: dict | None = None) -> dict:
@@ -43,7 +33,7 @@ def with_key(key: str, value, base: dict | None = None) -> dict:
     return raw
 
 
-# --- data.source (issue 14, item 2) ------------------------------------------------------------
+# --- data.source -------------------------------------------------------------------------------
 
 def test_a_recipe_without_a_source_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match=r"^data.source is missing; choose one of files, hf, sword$"):
@@ -82,7 +72,7 @@ def test_each_source_accepts_its_own_keys_and_a_saved_config_reloads():
 
 
 def test_the_cli_refuses_a_recipe_without_source_before_any_work(tmp_path):
-    from conftest import run_cli
+    from support.cli import run_cli
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"workdir: {tmp_path / 'work'}\ndata: {{src_lang: en, tgt_lang: es}}\n")
@@ -92,7 +82,7 @@ def test_the_cli_refuses_a_recipe_without_source_before_any_work(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
-# --- YAML alias bombs (item 17) ----------------------------------------------------------------
+# --- YAML alias bombs --------------------------------------------------------------------------
 
 def test_an_alias_bomb_is_refused_in_one_line_before_it_expands(tmp_path):
     levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -175,7 +165,7 @@ def test_deep_or_huge_recipes_and_non_plain_values_are_config_errors(tmp_path):
         from_dict({"data": {"source": "files", "files": {1: "x"}}})
 
 
-# --- ranges (item 16) --------------------------------------------------------------------------
+# --- ranges ------------------------------------------------------------------------------------
 
 def test_every_number_in_a_recipe_has_a_range():
     assert sorted(NUMERIC_KEYS) == sorted(k for k in RANGES if not k.startswith(COMMAND_OPTIONS))
@@ -210,7 +200,7 @@ def test_values_that_used_to_crash_later_are_refused_on_load(override, message):
 def test_a_cuda_device_without_cuda_is_a_clear_error():
     import torch
 
-    from nmtkit.device import resolve_device
+    from nmtkit.runtime.device import resolve_device
 
     for name in ("xla", "mps", "meta", "cuda:x", "cpu:0"):
         with pytest.raises(ConfigError, match=f"unknown device '{name}'"):
@@ -221,14 +211,6 @@ def test_a_cuda_device_without_cuda_is_a_clear_error():
     else:
         with pytest.raises(ConfigError, match="only"):
             resolve_device(f"cuda:{torch.cuda.device_count()}")
-
-
-VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
-    | st.sampled_from(["nan", "inf", "-1", "1e400", "0", "true", "cuda:0", "files", "[1, 2]", "2**64"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=5)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -254,26 +236,129 @@ def leaves(node, parts: list[str]) -> list:
     return leaves(getattr(node, parts[0]), parts[1:]) if parts else [node]
 
 
-# --- no key without an effect (Done when) ------------------------------------------------------
+# --- no key without an effect ------------------------------------------------------------------
 
 # keys that the config package itself applies, so nothing else needs to read them
-APPLIED_BY_CONFIG = {"model.preset": "expanded into the model dims by from_dict"}
+APPLIED_BY_CONFIG = {"model.preset": "expanded into the model dims by from_dict",
+                     "workdir": "read by Config.work_path, the one way every command finds the work directory"}
 # keys accepted before their reader exists: none (an entry must go when its reader lands)
 NOT_YET_READ: dict[str, str] = {}
 
 
-def attributes_read(path: Path) -> set[str]:
-    """Names read as ``obj.name`` in a module, leaving out attributes of imported modules
-    (``re.compile`` is not ``cfg.train.compile``)."""
+def section_classes(cls: type = Config, prefix: str = "") -> dict[str, str]:
+    """The dotted section each config class is (``TrainConfig`` -> ``train``), and the classes
+    that carry a section's fields elsewhere: sources (a corpus has data's source keys) and the
+    decode settings a translate call or a search holds."""
+    found, hints = {}, typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            found[hints[f.name].__name__] = prefix + f.name
+            found.update(section_classes(hints[f.name], f"{prefix}{f.name}."))
+    return found
+
+
+SECTIONS = {**section_classes(), "Config": "", "SourceConfig": "data", "CorpusConfig": "data",
+            "TranslateOptions": "decode", "SearchSettings": "decode"}
+
+
+def chain(node: ast.AST) -> list[str]:
+    """``a.b.c`` as ["a", "b", "c"] ("?" for a start that is not a plain name)."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return [node.id if isinstance(node, ast.Name) else "?"] + names[::-1]
+
+
+def section_named(name: str, aliases: dict[str, str]) -> str | None:
+    """The section a variable or attribute holds: by its type annotation or assignment
+    (``aliases``), by the convention ``train_cfg`` / ``model_config``, or the whole recipe (``cfg``)."""
+    if name in aliases:
+        return aliases[name]
+    stem = name.rsplit("_", 1)[0]
+    if name.endswith(("_cfg", "_config")) and stem in SECTIONS.values():
+        return stem
+    return "" if name in ("cfg", "config") else None
+
+
+def key_of(names: list[str], aliases: dict[str, str], known: set[str]) -> str | None:
+    """The dotted recipe key (or section) an attribute chain reads, or None: every name after
+    the one that holds a section must continue a real key (``cfg.train.dtype``, not ``x.dtype``)."""
+    for start, name in enumerate(names):
+        path = section_named(name, aliases)
+        if path is None and start > 0 and name in SECTIONS.values() and "." not in name:
+            path = name  # ``whatever.train.dtype``: a section reached through an object we cannot type
+        for rest in names[start + 1:] if path is not None else ():
+            path = f"{path}.{rest}" if path else rest
+            if path not in known:
+                break
+        else:
+            if path is not None and path in known:
+                return path
+    return None
+
+
+def assignments(scope: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(target, value) of every ``a = b`` in ``scope``, ``a, b = c, d`` taken pair by pair."""
+    pairs = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+                pairs += zip(target.elts, value.elts)
+            else:
+                pairs.append((target, value))
+    return [(target, value) for target, value in pairs if isinstance(value, (ast.Attribute, ast.Name))]
+
+
+def keys_read(path: Path, known: set[str]) -> set[str]:
+    """The recipe keys a module reads, scope by scope: a name holds a section when annotated with
+    its class or assigned from a chain that names one; ``self.x = section`` types ``x`` module-wide."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
-               if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and not (isinstance(node.value, ast.Name) and node.value.id in modules)}
+    fields: dict[str, str] = {}
+    scopes = [tree] + [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = set()
+    for _ in range(2):  # the second pass sees the ``self.x`` fields every scope assigned
+        for scope in scopes:
+            aliases = dict(fields)
+            arguments = scope.args.posonlyargs + scope.args.args + scope.args.kwonlyargs if scope is not tree else []
+            for argument in arguments:
+                annotation = ast.unparse(argument.annotation).strip("'\"") if argument.annotation else ""
+                if annotation.split(".")[-1] in SECTIONS:
+                    aliases[argument.arg] = SECTIONS[annotation.split(".")[-1]]
+            for target, value in assignments(scope):
+                held = key_of(chain(value), aliases, known)
+                if held in SECTIONS.values():
+                    if isinstance(target, ast.Name):
+                        aliases[target.id] = held
+                    elif isinstance(target, ast.Attribute):
+                        fields[target.attr] = held
+            found |= {key for node in ast.walk(scope) if isinstance(node, ast.Attribute)
+                      for key in [key_of(chain(node), aliases, known)] if key is not None}
+    return found
 
 
 def test_every_config_key_is_read_outside_config():
+    """Each key is read by its full dotted name (``train.dtype`` read as ``cfg.train.dtype``, or
+    as ``.dtype`` of a value typed or named as the train section), not by its last name alone."""
+    keys = set(config_keys())
+    known = keys | set(SECTIONS.values()) - {""}
     outside = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("config", "limits.py")]
-    read = set().union(*(attributes_read(p) for p in outside))
-    unread = {key for key in config_keys() if key.rsplit(".", 1)[-1] not in read}
-    assert unread == set(APPLIED_BY_CONFIG) | set(NOT_YET_READ)
+    read = set().union(*(keys_read(p, known) for p in outside))
+    assert keys - read == set(APPLIED_BY_CONFIG) | set(NOT_YET_READ)
+
+
+def test_the_key_matcher_needs_the_section_not_just_the_last_name(tmp_path):
+    """``tensor.dtype`` or ``vocab.size`` of an untyped object reads no key; a typed, assigned,
+    conventionally named or stored section does."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "def f(tensor, spm, train: TrainConfig, cfg):\n"
+        "    tensor.dtype, spm.size, train.lr\n"
+        "    v = cfg.vocab\n    v.size\n"
+        "def g(model_cfg, options: 'TranslateOptions'):\n    model_cfg.d_model, options.lenpen\n"
+        "class M:\n    def __init__(self, cfg: ModelConfig):\n        self.cfg = cfg\n"
+        "    def h(self):\n        self.cfg.heads, self.other.train.seed\n")
+    keys = set(config_keys())
+    assert keys_read(module, keys | set(SECTIONS.values()) - {""}) & keys == {
+        "train.lr", "vocab.size", "model.d_model", "decode.lenpen", "model.heads", "train.seed"}

@@ -1,4 +1,4 @@
-"""Several training corpora with weights and tags, and multilingual models (issue 17, items 2-3)."""
+"""Several training corpora with weights and tags, and multilingual models."""
 from __future__ import annotations
 
 import gzip
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli_in_process, sequences, tagged_model, tiny_recipe
+from conftest import sequences, tagged_model, tiny_recipe, write_pairs
 from nmtkit.config import from_dict, load_config
-from nmtkit.console import NmtConsole
 from nmtkit.errors import ConfigError
+from nmtkit.runtime.console import NmtConsole
+from support.cli import cli_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,13 +74,6 @@ def test_the_bidirectional_recipe_loads_and_dry_runs(tmp_path, monkeypatch, caps
 
 
 # --- prepare: tags, per-corpus counts, corpus of each pair -------------------------------------
-
-def write_pairs(root: Path, name: str, pairs: list[tuple[str, str]]) -> dict:
-    paths = {}
-    for lang, side in (("src", 0), ("tgt", 1)):
-        paths[lang] = root / f"{name}.{lang}"
-        paths[lang].write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
-    return {lang: str(path) for lang, path in paths.items()}
 
 
 def two_corpora(root: Path, weights=(1.0, 1.0)) -> dict:

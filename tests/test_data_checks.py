@@ -67,7 +67,7 @@ def test_an_epoch_too_small_for_an_update_gives_advice_that_can_help():
 
 
 def test_a_corpus_weighted_to_nothing_stops_training_with_the_weights_advice(tmp_path, monkeypatch, capsys):
-    from conftest import cli_in_process
+    from support.cli import cli_in_process
     from nmtkit.data.prepare import prepare
     from test_corpora import quiet_console
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import reversal_pairs, tiny_recipe, train_tiny, write_prepared
 from nmtkit.config import DecodeConfig, from_dict
-from test_robustness import assert_error, cli
+from support.cli import assert_error, cli, cli_stdout
 
 SAVED = {"beam_size": 2, "lenpen": 0.0, "max_len_a": 0.0, "max_len_b": 2, "min_len": 1, "batch_tokens": 500}
 
@@ -32,22 +32,8 @@ def models(tmp_path_factory, reversal_spm) -> dict[str, Path]:
     return {"old": old, "new": new, "input": text}
 
 
-def run(monkeypatch, capsys, *args: str) -> str:
-    """``nmtkit ARGS`` in this process, which must succeed: its stdout."""
-    import sys
-
-    from nmtkit.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    captured = capsys.readouterr()
-    assert (stopped.value.code or 0) == 0, captured.err
-    return captured.out
-
-
 def run_translate(monkeypatch, capsys, model: Path, text: Path, *flags: str) -> list[str]:
-    return run(monkeypatch, capsys, "-q", "translate", "-m", str(model), "-i", str(text), *flags).splitlines()
+    return cli_stdout(monkeypatch, capsys, "-q", "translate", "-m", str(model), "-i", str(text), *flags).splitlines()
 
 
 def flags_for(decode: dict) -> list[str]:
@@ -75,7 +61,7 @@ def test_info_shows_the_decode_settings(models, monkeypatch, capsys):
     assert model_card(models["old"])["decode"] == {**DecodeConfig().__dict__, "from": "defaults"}
     monkeypatch.setenv("COLUMNS", "300")  # one table row, one line
     assert "beam 2, lenpen 0.0, length <= 0.0 x source + 2, min 1, 500 tokens a batch (from the recipe)" in \
-        run(monkeypatch, capsys, "info", str(models["new"]))
+        cli_stdout(monkeypatch, capsys, "info", str(models["new"]))
 
 
 def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
@@ -89,9 +75,9 @@ def test_bad_saved_settings_are_one_line(models, tmp_path, monkeypatch, capsys):
 
 
 def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_path, monkeypatch, capsys):
-    from nmtkit.console import get_console
-    from nmtkit.translation import saved_decode_settings as decode_settings_of
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
+    from nmtkit.translate_files import saved_decode_settings as decode_settings_of
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
     decode = {"beam_size": 3, "lenpen": 1.0, "max_len_a": 1.5, "max_len_b": 9, "min_len": 2, "batch_tokens": 800}
@@ -114,13 +100,13 @@ def test_training_saves_the_recipe_decode_and_average_follows_average_last(tmp_p
 def test_an_export_keeps_the_decode_settings(models, tmp_path):
     pytest.importorskip("ctranslate2")
     from nmtkit.ctranslate2.export import export_ctranslate2
-    from nmtkit.translation import saved_decode_settings as decode_settings_of
+    from nmtkit.translate_files import saved_decode_settings as decode_settings_of
 
     out = export_ctranslate2(models["new"], tmp_path / "model.ct2", None)
     assert decode_settings_of(out).__dict__ == SAVED
 
 
-# --- numeric options (issue 14, item 16) -------------------------------------------------------
+# --- numeric options ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, message", [
     (["--sample", "--temperature", "inf"], "--temperature must be a finite number, got inf"),
@@ -168,17 +154,36 @@ def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeyp
         assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (int(text) + 1, 2 * int(text)))
 
 
-@pytest.mark.parametrize("dtype, decoded", [("auto", "auto"), ("float32", "float32"), ("bf16", "bf16"), ("fp16", "auto")])
-def test_run_translates_dev_and_test_in_the_training_dtype(dtype, decoded):
+@pytest.mark.parametrize("dtype, decoded, on_cpu", [("auto", "auto", torch.float32), ("float32", "float32", torch.float32),
+                                                   ("bf16", "bf16", torch.bfloat16), ("fp16", "auto", torch.float32)])
+def test_run_translates_dev_and_test_in_the_training_dtype(dtype, decoded, on_cpu):
     """`run` scores the model in the precision it was trained and validated in, not translate's
-    own default (which casts to bf16 on a GPU that has it)."""
+    own default (which casts to bf16 on a GPU that has it); a model trained under fp16 autocast on
+    a CPU decodes there in float32 (fp16 itself is refused on a CPU)."""
     from nmtkit.config import from_dict
+    from nmtkit.decoding.torch_engine import inference_dtype
     from nmtkit.pipeline import decode_options
 
     options = decode_options(from_dict({"data": {"source": "files"}, "train": {"dtype": dtype, "device": "cpu"},
                                          "decode": {"beam_size": 3}}))
     assert (options.dtype, options.device, options.beam_size, options.nbest) == (decoded, "cpu", 3, 1)
-    if dtype == "fp16":  # trained under autocast on a CPU: decoding must still work there
-        from nmtkit.decoding.torch_engine import inference_dtype
+    assert inference_dtype(options.dtype, torch.device("cpu")) == on_cpu
 
-        assert inference_dtype(options.dtype, torch.device("cpu")) is not None
+
+def test_search_settings_take_their_defaults_and_values_from_the_decode_options():
+    """A search's settings have no defaults of their own: each is TranslateOptions' (hence
+    DecodeConfig's), and ``of`` carries a call's values over, alignments as need_attn."""
+    import dataclasses
+
+    from nmtkit.decoding.options import SearchSettings, TranslateOptions
+
+    call = TranslateOptions()
+    for field in dataclasses.fields(SearchSettings):
+        source = "alignments" if field.name == "need_attn" else field.name
+        assert getattr(SearchSettings(), field.name) == getattr(call, source), field.name
+    asked = TranslateOptions(beam_size=7, nbest=3, lenpen=0.2, max_len_a=2.0, max_len_b=9, min_len=2, alignments=True,
+                             topk=5, topp=0.5, temperature=0.7, seed=11)
+    assert SearchSettings.of(asked) == SearchSettings(7, 3, 0.2, 2.0, 9, 2, True, 5, 0.5, 0.7, 11)
+    recipe = DecodeConfig(beam_size=2, lenpen=0.0, max_len_a=0.5, max_len_b=4, min_len=3)
+    assert SearchSettings.of(recipe, need_attn=True) == SearchSettings(beam_size=2, lenpen=0.0, max_len_a=0.5,
+                                                                      max_len_b=4, min_len=3, need_attn=True)

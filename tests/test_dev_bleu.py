@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
+from support.cli import run_cli
 
 
 def test_dev_bleu_equals_translate_then_score(tmp_path):

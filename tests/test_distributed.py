@@ -129,7 +129,7 @@ def test_ranks_end_identical_and_rank0_checkpoints_them(two_processes):
 
 def test_two_processes_equal_one_process_accumulating_twice(two_processes, prepared, tmp_path):
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     _, rank0, _ = two_processes
@@ -184,8 +184,8 @@ def test_stopped_two_process_run_resumes_to_the_same_weights(two_processes, prep
 
 def test_batches_per_update_fixes_the_global_batch(monkeypatch, prepared, tmp_path):
     from nmtkit.config import TrainConfig, from_dict
-    from nmtkit.console import NmtConsole
     from nmtkit.errors import ConfigError
+    from nmtkit.runtime.console import NmtConsole
     from nmtkit.training import distributed as dist
     from nmtkit.training.trainer import train
 
@@ -219,9 +219,9 @@ def test_a_repeated_signal_within_two_seconds_is_one_stop_request():
 def test_compiled_two_process_run_matches_an_uncompiled_single_process(prepared, tmp_path):
     """train.compile under DDP: the compiled module sits inside DDP, so its gradient hooks and
     no_sync work as uncompiled (same model dims as tests/test_compile.py: inductor's cache serves both)."""
-    from nmtkit.compiler import missing_compiler
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.compiler import missing_compiler
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     if missing_compiler(torch.device("cpu")):
@@ -248,3 +248,50 @@ def test_compiled_two_process_run_matches_an_uncompiled_single_process(prepared,
     for name in rank0:
         assert torch.equal(rank0[name], rank1[name]) and torch.equal(saved[name], rank0[name]), name
         torch.testing.assert_close(rank0[name], single[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_process_group_of_one_joined_by_the_caller_trains_under_ddp(monkeypatch, prepared, tmp_path):
+    """torchrun with one process sets WORLD_SIZE=1; a caller that joined a group anyway (the GPU
+    check does, to exercise NCCL on one GPU) gets DDP over that group, not a bare model."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from nmtkit.config import from_dict
+    from nmtkit.runtime.console import get_console
+    from nmtkit.training import distributed as dist
+    from nmtkit.training import trainer
+
+    workdir = _workdir(prepared, tmp_path)
+    wrapped = []
+    wrap = dist.wrap
+    monkeypatch.setattr(dist, "wrap", lambda model, device: wrapped.append(wrap(model, device)) or wrapped[-1])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                                         world_size=1)
+    try:
+        trainer.train(from_dict(tiny_recipe(workdir, train={"max_steps": 4, "save_every": 2, "validate_every": 4})),
+                      get_console(-1))
+        assert torch.distributed.is_initialized()  # joined by the caller: left to the caller
+    finally:
+        torch.distributed.destroy_process_group()
+    assert len(wrapped) == 1 and isinstance(wrapped[0], DistributedDataParallel)
+    assert _checkpoint_weights(workdir)[0] == 4
+
+
+def test_a_joined_group_of_one_on_cuda_gets_the_local_rank_device(monkeypatch, tmp_path):
+    """DDP needs a CUDA device with an index: a caller's group of one process gets cuda:LOCAL_RANK,
+    as a torchrun group of many does (``train.device=cuda`` names none)."""
+    from nmtkit.training import distributed as dist
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                                         world_size=1)
+    try:
+        with dist.process_group(torch.device("cuda")) as device:
+            assert device == torch.device("cuda", 0) and chosen == [device]
+    finally:
+        torch.distributed.destroy_process_group()
+    with dist.process_group(torch.device("cuda")) as device:  # no group joined: nothing changes
+        assert device == torch.device("cuda") and len(chosen) == 1

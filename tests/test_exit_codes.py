@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
-from test_robustness import assert_error, cli
+from conftest import reversal_pairs, tiny_recipe, write_prepared
+from support.cli import assert_error, cli, run_cli
 
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
 
@@ -76,7 +76,7 @@ def test_prepare_waits_for_trainings_reading_the_directory_and_they_for_it(files
     """A training holds prepared/ shared (a sweep's trainings share it): a `prepare` would rewrite
     the ids and SentencePiece models that each of its checkpoints copies."""
     from nmtkit.errors import NmtkitError
-    from nmtkit.files import exclusive
+    from nmtkit.storage.files import exclusive
 
     write_prepared(tmp_path / "work", reversal_pairs(60, 0, length=5), reversal_pairs(8, 1, length=5))
     prepared = tmp_path / "work" / "prepared"

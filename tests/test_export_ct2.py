@@ -10,9 +10,10 @@ import json
 
 import pytest
 
-from conftest import reversal_pairs, run_cli, train_tiny
+from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
+from support.cli import run_cli
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 

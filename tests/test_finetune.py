@@ -1,4 +1,4 @@
-"""Fine-tuning (issue 17, item 1): ``vocab.from`` reuses a SentencePiece model instead of training
+"""Fine-tuning: ``vocab.from`` reuses a SentencePiece model instead of training
 one, and ``train.init_from`` starts a new run from another model's weights."""
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 import torch
 import yaml
 
-from conftest import cli_in_process, reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
+from conftest import reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
 from nmtkit.config import from_dict, load_config
-from nmtkit.console import NmtConsole
 from nmtkit.errors import ConfigError, DataError
+from nmtkit.runtime.console import NmtConsole
 from nmtkit.specials import UNK
+from support.cli import cli_in_process
 
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0)
 

@@ -14,7 +14,7 @@ from conftest import tiny_recipe
 from nmtkit.decoding.guides import GuideFiles, guides_digest, parse_constraints
 from nmtkit.errors import NmtkitError
 from nmtkit.sweep.spec import MAX_VARIANTS, load_sweep
-from test_translate import model_dir, options  # noqa: F401  (module fixture)
+from conftest import options
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 ANY_CHAR = st.characters(blacklist_categories=())  # surrogates included
@@ -73,8 +73,8 @@ LINES = st.lists(st.one_of(JSON_VALUES.map(json_text), st.just('["a b"]'), st.ju
 @given(LINES, st.lists(st.text(ANY_CHAR, max_size=8), min_size=1, max_size=4))
 def test_translate_with_any_guide_lines_answers_or_refuses_in_one_line(tmp_path_factory, model_dir,  # noqa: F811
                                                                         constraint_lines, prefix_lines):
-    from nmtkit.console import NmtConsole
-    from nmtkit.translation import translate_file
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.translate_files import translate_file
 
     root = tmp_path_factory.mktemp("guided")
     source = root / "in.txt"

@@ -13,14 +13,15 @@ import torch
 
 from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
-from nmtkit.console import NmtConsole
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.guides import Guide, GuideFiles
+from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import beam_search, greedy_search, sample
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.translation import translate_file
-from test_search import TinyModel, all_outputs, random_batch, sequence_score
+from nmtkit.runtime.console import NmtConsole
+from nmtkit.translate_files import translate_file
+from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
 
 PIECES, MAX_LEN = [1, 4, 5, 6], 3  # every piece a 7-piece TinyModel can emit (UNK too), up to 3 of them
 EXACT = dict(lenpen=0.6, max_len_a=0, max_len_b=MAX_LEN, min_len=0)
@@ -53,8 +54,8 @@ def test_prefix_is_forced_and_the_rest_is_the_best_continuation():
         model = TinyModel(seed, vocab=7, sharpness=1.0).eval()
         src, mask = random_batch(seed, batch=3, vocab=7, max_len=3)
         prefixes = [[5], [], [6, 4]]
-        out = beam_search(model, src, mask, WIDE, nbest=3, prefixes=prefixes, **EXACT)
-        plain = beam_search(model, src, mask, WIDE, nbest=3, **EXACT)
+        out = beam_search(model, src, mask, SearchSettings(beam_size=WIDE, nbest=3, **EXACT), prefixes=prefixes)
+        plain = beam_search(model, src, mask, SearchSettings(beam_size=WIDE, nbest=3, **EXACT))
         for row, prefix in enumerate(prefixes):
             best = ranked(model, src, mask, row, lambda y, p=prefix: y[:len(p)] == p)[:3]
             assert [h.tokens for h in out[row]] == best
@@ -70,11 +71,11 @@ def test_constrained_beam_finds_the_best_output_that_meets_every_constraint(phra
     for seed in range(3):
         model = TinyModel(seed, vocab=7, sharpness=1.0).eval()
         src, mask = random_batch(seed, batch=2, vocab=7, max_len=3)
-        out = beam_search(model, src, mask, WIDE, nbest=2, constraints=[phrases, []], **EXACT)
+        out = beam_search(model, src, mask, SearchSettings(beam_size=WIDE, nbest=2, **EXACT), constraints=[phrases, []])
         meets = (lambda y: y.count(5) >= 2) if phrases == [[5], [5]] else \
             (lambda y: all(contains(y, p) for p in phrases))  # a phrase listed twice must appear twice
         assert [h.tokens for h in out[0]] == ranked(model, src, mask, 0, meets)[:2]
-        plain = beam_search(model, src, mask, WIDE, nbest=2, **EXACT)
+        plain = beam_search(model, src, mask, SearchSettings(beam_size=WIDE, nbest=2, **EXACT))
         assert_same(out[1], plain[1])
 
 
@@ -90,9 +91,10 @@ def test_a_self_overlapping_phrase_is_met_wherever_the_output_holds_it(phrase):
         src, mask = random_batch(seed, batch=2, vocab=7, max_len=3)
         best = ranked(model, src, mask, 0, lambda y: contains(y, phrase), max_len=4)
         assert len(best) == 9 and phrase[:1] * 2 + phrase[1:] in best
-        out = beam_search(model, src, mask, 256, nbest=len(best), constraints=[[phrase], []], **longer)
+        out = beam_search(model, src, mask,
+                          SearchSettings(beam_size=256, nbest=len(best), **longer), constraints=[[phrase], []])
         assert [h.tokens for h in out[0]] == best
-        assert_same(out[1], beam_search(model, src, mask, 256, nbest=len(best), **longer)[1])
+        assert_same(out[1], beam_search(model, src, mask, SearchSettings(beam_size=256, nbest=len(best), **longer))[1])
 
 
 @torch.no_grad()
@@ -101,11 +103,12 @@ def test_constraints_that_fill_the_length_limit_are_the_whole_output():
     src, mask = random_batch(4, batch=3)
     phrases = [[[7, 8, 9]], [[10], [5, 5]], [[11, 4, 11]]]
     for beam in (1, 2, 5):
-        out = beam_search(model, src, mask, beam, constraints=phrases, max_len_a=0, max_len_b=3)
+        out = beam_search(model, src, mask,
+                          SearchSettings(beam_size=beam, max_len_a=0, max_len_b=3), constraints=phrases)
         assert out[0][0].tokens == [7, 8, 9]
         assert out[1][0].tokens in ([10, 5, 5], [5, 5, 10])
         assert out[2][0].tokens == [11, 4, 11]
-    short = beam_search(model, src, mask, 3, constraints=phrases, max_len_a=0, max_len_b=2)
+    short = beam_search(model, src, mask, SearchSettings(beam_size=3, max_len_a=0, max_len_b=2), constraints=phrases)
     assert all(hyps and len(hyps[0].tokens) <= 2 for hyps in short)  # no room: the best it can, no error
 
 
@@ -136,8 +139,9 @@ def test_random_constraints_are_always_met_and_leave_other_sentences_alone(arch)
                                           generator=gen).tolist() for _ in range(count)])
     settings = dict(max_len_a=1.0, max_len_b=8, lenpen=0.6)
     for beam in (1, 3, 5):
-        out = beam_search(model, src, mask, beam, nbest=min(beam, 2), constraints=constraints, **settings)
-        plain = beam_search(model, src, mask, beam, nbest=min(beam, 2), **settings)
+        out = beam_search(model, src, mask,
+                          SearchSettings(beam_size=beam, nbest=min(beam, 2), **settings), constraints=constraints)
+        plain = beam_search(model, src, mask, SearchSettings(beam_size=beam, nbest=min(beam, 2), **settings))
         for row, phrases in enumerate(constraints):
             if phrases:
                 assert all(contains(out[row][0].tokens, p) for p in phrases), (beam, row, phrases)
@@ -153,19 +157,19 @@ def test_prefixes_in_greedy_sampling_beam_and_ensembles():
     src, mask = random_batch(3, batch=5)
     prefixes = [[4, 5], [], [7], [8, 8, 8], [9]]
     settings = dict(max_len_a=1.0, max_len_b=4)
-    runs = {"greedy": greedy_search(model, src, mask, prefixes=prefixes, **settings),
-            "sample": sample(model, src, mask, seed=3, nbest=3, prefixes=prefixes, **settings),
-            "beam": beam_search(model, src, mask, 4, nbest=3, prefixes=prefixes, **settings),
-            "ensemble": beam_search(EnsembleModel([model, other]), src, mask, 3, nbest=2, prefixes=prefixes,
-                                    **settings),
-            "beam-1": beam_search(model, src, mask, 1, prefixes=prefixes, **settings)}
+    runs = {"greedy": greedy_search(model, src, mask, SearchSettings(**settings), prefixes=prefixes),
+            "sample": sample(model, src, mask, SearchSettings(seed=3, nbest=3, **settings), prefixes=prefixes),
+            "beam": beam_search(model, src, mask, SearchSettings(beam_size=4, nbest=3, **settings), prefixes=prefixes),
+            "ensemble": beam_search(EnsembleModel([model, other]), src, mask,
+                                    SearchSettings(beam_size=3, nbest=2, **settings), prefixes=prefixes),
+            "beam-1": beam_search(model, src, mask, SearchSettings(beam_size=1, **settings), prefixes=prefixes)}
     for name, out in runs.items():
         for hyps, prefix in zip(out, prefixes):
             assert all(h.tokens[:len(prefix)] == prefix for h in hyps), name
     assert [h[0].tokens for h in runs["greedy"]] == [h[0].tokens for h in runs["beam-1"]]
-    assert runs["greedy"][1][0].tokens == greedy_search(model, src, mask, **settings)[1][0].tokens
+    assert runs["greedy"][1][0].tokens == greedy_search(model, src, mask, SearchSettings(**settings))[1][0].tokens
     long_prefix = [[4] * 12, [], [5] * 3, [], []]  # longer than a * |x| + b: the limit grows to fit it
-    out = beam_search(model, src, mask, 2, prefixes=long_prefix, max_len_a=0, max_len_b=2)
+    out = beam_search(model, src, mask, SearchSettings(beam_size=2, max_len_a=0, max_len_b=2), prefixes=long_prefix)
     assert out[0][0].tokens == [4] * 12 and len(out[1][0].tokens) <= 2 and out[2][0].tokens[:3] == [5] * 3
 
 
@@ -273,7 +277,7 @@ def test_bad_constraint_files_are_one_line_errors_before_the_model_loads(name, c
 
 
 def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, monkeypatch, capsys):
-    from test_robustness import assert_error, cli
+    from support.cli import assert_error, cli
 
     source = write(tmp_path / "in.txt", LINES)
     prefixes = write(tmp_path / "prefix.txt", ["a"] * 3)

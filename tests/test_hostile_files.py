@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_in_process
-from nmtkit.checksums import MANIFEST, write_manifest
+from support.cli import cli_in_process
+from nmtkit.storage.checksums import MANIFEST, write_manifest
 from nmtkit.data import verses
 from nmtkit.decoding.guides import GuideFiles, parse_constraints
 from nmtkit.errors import DataError
-from nmtkit.files import read_json_dict, read_regular
-from test_translate import model_dir  # noqa: F401  (module fixture)
+from nmtkit.storage.files import read_json_dict, read_regular
+
 
 
 def one_line(code: int, err: str) -> str:

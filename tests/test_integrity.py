@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, tiny_recipe, write_prepared
-from test_robustness import MODEL, assert_error, cli, recipe_in
+from conftest import MODEL, recipe_in, reversal_pairs, tiny_recipe, write_prepared
+from support.cli import assert_error, cli
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +22,11 @@ def prepared(tmp_path_factory) -> Path:
     return workdir / "prepared"
 
 
-# --- one trainer per run (issue 14, item 14) -----------------------------------------------------
+# --- one trainer per run -------------------------------------------------------------------------
 
 def hold_lock(directory: Path) -> subprocess.Popen:
     """Another process holding ``directory``'s lock as ``nmtkit train`` does, until its stdin closes."""
-    code = ("import sys; from pathlib import Path; from nmtkit.files import exclusive\n"
+    code = ("import sys; from pathlib import Path; from nmtkit.storage.files import exclusive\n"
             f"with exclusive(Path({str(directory)!r}), 'another `nmtkit train`'):\n"
             "    print('held', flush=True); sys.stdin.read()\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -63,7 +63,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, prepared, monkeyp
     assert (tmp_path / ".nmtkit.lock").read_text() == ""  # a finished holder is no longer named in a refusal
 
 
-# --- a run resumes only on the data it started on (issue 14, item 1) ------------------------------
+# --- a run resumes only on the data it started on -------------------------------------------------
 
 def files_recipe(tmp_path: Path, train_pairs: list[tuple[str, str]]) -> Path:
     """A `source: files` recipe over text files holding ``train_pairs`` (rewritten on each call)."""

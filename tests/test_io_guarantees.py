@@ -1,6 +1,6 @@
 """What a user sees at the command line around files and outputs: help text, significance
 verdicts, averaging fewer checkpoints than asked, paths from recipes, byte-order marks,
-pipes as inputs (issue 14)."""
+pipes as inputs."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, tiny_sentences
-from test_translate import save_tiny_model
+from conftest import save_tiny_model, tiny_sentences
+from support.cli import run_cli
 
 COMMANDS = ("prepare", "train", "translate", "serve", "score", "run", "sweep", "average", "plot", "attention", "info",
             "export", "verses")
@@ -42,7 +42,7 @@ def one_line_error(result, code: int = 2) -> str:
     return stderr
 
 
-# --- help text (item 10) -------------------------------------------------------------------
+# --- help text -----------------------------------------------------------------------------
 
 def test_help_shows_no_python_types():
     import typer.main
@@ -65,7 +65,7 @@ def test_help_says_what_run_translates_and_what_alignments_index():
     assert "--alignment-units" in translate and "pieces (SentencePiece pieces;" in translate
 
 
-# --- significance verdicts (item 11) ---------------------------------------------------------
+# --- significance verdicts -------------------------------------------------------------------
 
 def test_no_winner_is_named_without_significance(tmp_path):
     refs = tiny_sentences(30, seed=1)
@@ -89,7 +89,7 @@ def test_no_winner_is_named_without_significance(tmp_path):
     assert "alpha must be between 0 and 1" in one_line_error(run_cli(*args, "--alpha", "1.5"))
 
 
-# --- average with fewer checkpoints than asked (item 7) --------------------------------------
+# --- average with fewer checkpoints than asked -----------------------------------------------
 
 def fake_run(root: Path, model_dir: Path, steps: tuple[int, ...]) -> Path:
     """A run directory whose checkpoints are copies of ``model_dir`` (averaging reads model dirs only)."""
@@ -156,7 +156,7 @@ def test_run_says_when_it_averages_fewer_checkpoints_than_average_last(tmp_path,
     assert console.warnings == []
 
 
-# --- paths given by a recipe (item 12) -------------------------------------------------------
+# --- paths given by a recipe -----------------------------------------------------------------
 
 def test_a_missing_recipe_file_names_the_absolute_path_and_the_directory(tmp_path):
     work = tmp_path / "elsewhere"
@@ -172,7 +172,7 @@ def test_a_missing_recipe_file_names_the_absolute_path_and_the_directory(tmp_pat
 
 def test_a_relative_workdir_is_shown_with_the_directory_it_was_relative_to(tmp_path, monkeypatch, capsys):
     """The default workdir (data/NAME) is relative: run from the wrong directory, train names where it looked."""
-    from test_robustness import assert_error, cli
+    from support.cli import assert_error, cli
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -184,24 +184,24 @@ def test_a_relative_workdir_is_shown_with_the_directory_it_was_relative_to(tmp_p
                                f"the current directory {elsewhere}) not found: run `nmtkit prepare`")
 
 
-# --- text inputs: byte-order marks, CRLF, pipes (item 18) ------------------------------------
+# --- text inputs: byte-order marks, CRLF, pipes ----------------------------------------------
 
 def test_translate_reads_pipes_and_dev_stdin_and_ignores_a_bom_and_crlf(tmp_path, model_dir, monkeypatch, capsys):
-    from test_decode_settings import run
+    from support.cli import cli_stdout
 
     text = "the cat sat\n\na red dog\n"
     plain = tmp_path / "plain.txt"
     plain.write_text(text, encoding="utf-8")
-    expected = run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain))
+    expected = cli_stdout(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain))
     assert len(expected.splitlines()) == 3
     windows = tmp_path / "windows.txt"
     windows.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
-    assert run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(windows)) == expected
+    assert cli_stdout(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(windows)) == expected
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: fifo.write_text(text, encoding="utf-8"))
     writer.start()
-    assert run(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(fifo)) == expected
+    assert cli_stdout(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(fifo)) == expected
     writer.join()
     piped = run_cli("translate", "-m", str(model_dir), *FAST, "-i", "/dev/stdin", input=text)
     assert piped.returncode == 0 and piped.stdout.decode("utf-8") == expected, piped.stderr.decode()
@@ -241,7 +241,7 @@ def test_score_reads_pipes_and_dev_stdin(tmp_path):
     assert "is a directory" in one_line_error(run_cli("score", "-r", str(ref), "-i", str(tmp_path)))
 
 
-# --- n-best lists (item 4) -----------------------------------------------------------------
+# --- n-best lists --------------------------------------------------------------------------
 
 FAST = ("--beam-size", "3", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu")
 
@@ -262,7 +262,7 @@ def test_nbest_gives_n_attributable_lines_for_every_input_line(model_dir):
     assert "exactly N lines per input line" in help_text("translate")
 
 
-# --- -o: never destroy what nmtkit did not create (item 13) ----------------------------------
+# --- -o: never destroy what nmtkit did not create --------------------------------------------
 
 def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_dir):
     text = "the cat sat\n\na red dog\n"
@@ -403,7 +403,7 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
     assert (averaged / "model.safetensors").is_file()
 
 
-# --- temporary files of killed runs, invalid UTF-8 while streaming (item 18) ------------------
+# --- temporary files of killed runs, invalid UTF-8 while streaming ----------------------------
 
 # Starts ``python -m nmtkit ARGS`` with SIGINT and SIGTERM as an interactive shell leaves them. A
 # suite started in the background (`nohup pytest &`: the shell ignores SIGINT for background jobs)
@@ -489,7 +489,7 @@ def test_invalid_utf8_while_streaming_says_what_was_written(tmp_path, model_dir)
 
 
 def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkeypatch, capsys):
-    """The issue's case (a bad line 12,001 after chunks of 10,000) at a small scale: chunks of 2,
+    """A bad line 12,001 after chunks of 10,000, at a small scale: chunks of 2,
     the bad line after two whole chunks and a part, and right after a whole chunk."""
     import io
 
@@ -511,7 +511,7 @@ def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkey
         assert captured.out == expected and len(expected.splitlines()) == before
 
 
-# --- exit codes (item 9) -------------------------------------------------------------------
+# --- exit codes ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
     ("translate", "-m", "{missing}"), ("average", "{missing}"), ("score", "-r", "{missing}", "-i", "{missing}"),
@@ -533,7 +533,7 @@ def test_a_failed_write_exits_1(tmp_path, model_dir):
     assert "No space left on device" in message
 
 
-# --- an exported model is translated by CTranslate2 without --engine (item 6) ------------------
+# --- an exported model is translated by CTranslate2 without --engine ---------------------------
 
 def test_translate_detects_an_export_directory(tmp_path, model_dir):
     pytest.importorskip("ctranslate2")
@@ -554,23 +554,23 @@ def test_translate_detects_an_export_directory(tmp_path, model_dir):
 def test_an_input_that_changes_while_it_is_translated_writes_nothing(tmp_path, model_dir, monkeypatch, capsys):
     """A file that grew during `translate -i FILE -o FILE` once gave an output missing its new
     lines (one output line per input line broken) with exit 0."""
-    from test_robustness import cli
+    from support.cli import cli
 
-    import nmtkit.translation as translation
+    import nmtkit.translate_files as translate_files
 
     source, out = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("the cat sat\na red dog\n")
-    translate_chunk = translation.translate_chunk
+    translate_chunk = translate_files.translate_chunk
 
     def while_a_writer_appends(*args, **kwargs):
         with open(source, "a") as handle:
             handle.write("one more line\n")
         return translate_chunk(*args, **kwargs)
 
-    monkeypatch.setattr(translation, "translate_chunk", while_a_writer_appends)
+    monkeypatch.setattr(translate_files, "translate_chunk", while_a_writer_appends)
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
     assert code == 2 and f"{source} changed while it was translated: nothing was written to {out}" in err
     assert not out.exists()
-    monkeypatch.setattr(translation, "translate_chunk", translate_chunk)
+    monkeypatch.setattr(translate_files, "translate_chunk", translate_chunk)
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
     assert code == 0 and out.read_text().count("\n") == 3  # the same command, once the file is complete

@@ -13,9 +13,9 @@ import pytest
 from conftest import tiny_sentences
 from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
-from nmtkit.partial import open_partial, partial_dir
-from nmtkit.translation import translate_file
-from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
+from nmtkit.storage.partial import open_partial, partial_dir
+from nmtkit.translate_files import translate_file
+from conftest import options
 from test_translate_io import recording_console, write_lines
 
 

@@ -12,7 +12,7 @@ import torch
 
 from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import from_dict
-from nmtkit.console import get_console
+from nmtkit.runtime.console import get_console
 
 HUGE_SCALE = 2.0 ** 40  # the tiny model's gradients overflow fp16 at any scale above ~2^26
 

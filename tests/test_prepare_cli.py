@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli
 from nmtkit.data.sources import sword
+from support.cli import run_cli
 
 
 def write_files(root, lines=40):

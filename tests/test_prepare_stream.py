@@ -20,7 +20,7 @@ import nmtkit.data.vocab as vocab_module
 from nmtkit.data.clean import SeenHashes, TextFilter, length_filter, normalize
 from nmtkit.data.ids import load_split
 from nmtkit.data.vocab import Vocab, sample_indices, sampled_lines, train_spm
-from test_prepare_steps import EXPECTED, recipe, run, splits, train_text  # noqa: F401 (fixtures)
+from support.planted import EXPECTED, recipe, run, splits, train_text  # noqa: F401 (fixtures)
 
 
 def whole_corpus_clean(train, heldout):

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import reversal_pairs, run_cli, train_tiny
+from conftest import reversal_pairs, train_tiny
 from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError
+from support.cli import run_cli
 
 
 def test_int8_keeps_lines_and_mostly_agrees_with_float32(reversal_spm, tmp_path):

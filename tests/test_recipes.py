@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
 from nmtkit.config import load_config
+from support.cli import run_cli
 
 RECIPES = sorted(Path(__file__).resolve().parent.parent.glob("recipes/*.yaml"))
 

@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,30 +17,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
-
-MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1)
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``nmtkit ARGS`` in this process: (exit code, stderr)."""
-    from nmtkit.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["nmtkit", *args])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    return stopped.value.code or 0, capsys.readouterr().err
-
-
-def assert_error(code: int, err: str, expected_code: int, *fragments: str) -> str:
-    """The run failed with ``expected_code`` and ended in exactly one ``nmtkit: error:`` line."""
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("nmtkit: error: ")]
-    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0]), err
-    assert code == expected_code, err
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
+from conftest import recipe_in, reversal_pairs, write_prepared
+from support.cli import assert_error, cli, run_cli
 
 
 # --- recipes -----------------------------------------------------------------------------------
@@ -51,14 +28,6 @@ def prepared(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("task")
     write_prepared(workdir, reversal_pairs(200, 0, length=6), reversal_pairs(20, 1, length=6))
     return workdir / "prepared"
-
-
-def recipe_in(workdir: Path, prepared: Path, **train) -> Path:
-    shutil.copytree(prepared, workdir / "prepared")
-    recipe = tiny_recipe(workdir, model=MODEL, train={"max_tokens": 200, "validate_every": 100, **train})
-    path = workdir / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    return path
 
 
 BAD_RECIPES = [  # (recipe text or None for a missing file, overrides, fragment of the message)
@@ -155,7 +124,7 @@ ALLOWED_DIRECT_WRITES = {  # (module, text on the line): why a direct write is s
 
 def test_outputs_are_written_to_a_temp_name_and_renamed():
     """An audit: every direct write in the package is one of the known safe ones above;
-    anything else must go through nmtkit.files.atomic_open (temp name, fsync, rename)."""
+    anything else must go through nmtkit.storage.files.atomic_open (temp name, fsync, rename)."""
     root = Path(__file__).resolve().parent.parent
     found = []
     for path in sorted((root / "nmtkit").rglob("*.py")):
@@ -168,7 +137,7 @@ def test_outputs_are_written_to_a_temp_name_and_renamed():
 
 
 def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
-    from nmtkit.files import atomic_open
+    from nmtkit.storage.files import atomic_open
 
     target = tmp_path / "out.txt"
     target.write_text("previous\n")
@@ -184,7 +153,7 @@ def test_atomic_open_names_the_file_when_a_write_fails(tmp_path):
 def test_a_signal_just_after_the_temp_appears_leaves_nothing(tmp_path, monkeypatch, directory):
     """A SIGTERM or Ctrl-C that arrives right after the temporary file is created (a script
     may signal as soon as it sees it) -- before any block code runs -- removes it all the same."""
-    from nmtkit import files
+    from nmtkit.storage import files
 
     real_create = files._create
 
@@ -216,8 +185,8 @@ def test_a_split_writer_that_fails_to_start_leaves_no_parts(tmp_path, monkeypatc
     while making them (too many open files, a signal) removes the ones already made."""
     import numpy as np
 
-    from nmtkit import files
     from nmtkit.data.ids import SplitWriter, load_split
+    from nmtkit.storage import files
 
     real_create, made = files._create, []
 
@@ -241,7 +210,7 @@ def test_a_split_writer_that_fails_to_start_leaves_no_parts(tmp_path, monkeypatc
 
 
 def test_a_replaced_file_keeps_its_permissions(tmp_path):
-    from nmtkit.files import UMASK, atomic_write_text
+    from nmtkit.storage.files import UMASK, atomic_write_text
 
     private, fresh = tmp_path / "private.txt", tmp_path / "fresh.txt"
     private.write_text("old\n")
@@ -253,8 +222,8 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
 
 
 def test_a_read_only_output_is_refused(tmp_path, monkeypatch):
-    from nmtkit import outputs
     from nmtkit.errors import ConfigError
+    from nmtkit.storage import outputs
 
     locked = tmp_path / "locked.txt"
     locked.write_text("keep\n")
@@ -269,7 +238,7 @@ def test_a_read_only_output_is_refused(tmp_path, monkeypatch):
 def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monkeypatch):
     """With the user's own ``.out.old`` in the way, the old copy is parked under a name that
     the next write's stale-temp cleaning leaves alone, even after its process has died."""
-    from nmtkit import files
+    from nmtkit.storage import files
 
     out = tmp_path / "out"
     out.mkdir()
@@ -316,7 +285,7 @@ def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monk
 
 
 def test_model_dirs_and_checkpoints_get_the_usual_permissions(tmp_path, prepared, monkeypatch, capsys):
-    from nmtkit.files import UMASK
+    from nmtkit.storage.files import UMASK
 
     recipe = recipe_in(tmp_path, prepared, max_steps=2, save_every=2, validate_every=2)
     assert cli(monkeypatch, capsys, "-q", "train", str(recipe))[0] == 0
@@ -541,7 +510,7 @@ def test_an_os_error_without_a_file_stays_a_traceback():
 def test_no_partial_output_when_translate_fails_midway(tmp_path, tiny_spm):
     """Bad bytes on stdin's 10,001st line: the first chunk is translated, the error names
     the line, and the output file never appears (stdin is not scanned ahead like a file)."""
-    from test_translate import save_tiny_model
+    from conftest import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model", tiny_spm, seed=0)
     out = tmp_path / "out" / "hyp.txt"
@@ -567,7 +536,7 @@ FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float3
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, tiny_spm):
-    from test_translate import save_tiny_model
+    from conftest import save_tiny_model
 
     from nmtkit.modeldir import load_model_dir
 
@@ -615,10 +584,10 @@ def test_translate_file_on_any_bytes(tiny_model, tmp_path_factory, lines, ending
     """One output line per input line (CRLF, a missing final newline, U+2028 and NUL inside
     lines included); invalid UTF-8 is replaced, or is an error naming its first line that
     leaves no output file."""
-    from nmtkit.console import NmtConsole
     from nmtkit.decoding.translate import TranslateOptions, translate_lines
-    from nmtkit.translation import translate_file
     from nmtkit.errors import DataError
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.translate_files import translate_file
 
     model_dir, loaded = tiny_model
     content = b"\n".join(lines) + (ending if lines else b"")

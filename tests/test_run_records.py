@@ -3,7 +3,7 @@ test_safe_loading): a run's metrics.jsonl, config.yaml and data.json, prepare's 
 the cached translations of ``nmtkit run``, a sweep's records and plan, and lock files. Each is
 truncated, flipped, replaced by another file type and by a pickle: the reader gives one line,
 or falls back as documented (a warning; a step or translation made again), never a traceback
-and never a silently wrong result (issue 14)."""
+and never a silently wrong result."""
 from __future__ import annotations
 
 import json
@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import tiny_recipe
-from test_robustness import MODEL, cli
-from test_safe_loading import MUTATIONS, assert_one_line, copy_work, mutate, reversal_files
+from conftest import MODEL, reversal_files, tiny_recipe
+from support.cli import assert_one_line, cli
+from support.damage import MUTATIONS, copy_work, mutate
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A work directory after ``nmtkit run`` of a tiny files recipe (recipe.yaml beside it)."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
     from nmtkit.pipeline import run_recipe
+    from nmtkit.runtime.console import get_console
 
     root = tmp_path_factory.mktemp("records")
     recipe = tiny_recipe(root / "work", model=MODEL, data={"files": reversal_files(root)},
@@ -43,7 +43,7 @@ def assert_fine_or_one_line(code: int, err: str, marker: Path) -> None:
 
 
 def test_quiet_prepare_and_run_print_nothing_on_stderr(finished, tmp_path, monkeypatch, capsys):
-    """-q (issue 14, item 8) for the two commands the option fuzz only sees failing."""
+    """-q for the two commands the option fuzz only sees failing."""
     _, recipe = copy_work(finished, tmp_path)
     assert cli(monkeypatch, capsys, "-q", "prepare", str(recipe)) == (0, "")
     assert cli(monkeypatch, capsys, "-q", "run", str(recipe)) == (0, "")
@@ -53,8 +53,13 @@ def test_quiet_prepare_and_run_print_nothing_on_stderr(finished, tmp_path, monke
 
 @pytest.mark.parametrize("how", [*MUTATIONS, "a record without a step"])
 def test_a_damaged_metrics_log(finished, tmp_path, monkeypatch, capsys, how):
+    """A cut last line is what a run still writing leaves: skipped, the rest plotted. Any other
+    damage (here always before the last line) stops plot in one line naming the log, and info
+    shows the card without training, saying why."""
     work, _ = copy_work(finished, tmp_path)
     metrics, marker = work / "train" / "metrics.jsonl", tmp_path / "ran"
+    data = metrics.read_bytes()
+    assert data[len(data) // 2:].count(b"\n") >= 2  # truncation cuts, and a flip hits, a line before the last
     if how == "a record without a step":
         lines = metrics.read_text().splitlines()
         metrics.write_text("\n".join([lines[0], '{"type": "train", "step": "4", "loss": 1.0}', *lines[1:]]) + "\n")
@@ -62,14 +67,16 @@ def test_a_damaged_metrics_log(finished, tmp_path, monkeypatch, capsys, how):
         mutate(metrics, how, marker)
     code, err = cli(monkeypatch, capsys, "plot", str(work / "train"), "-o", str(tmp_path / "c.png"), "--size",
                     "200x150")
-    assert_fine_or_one_line(code, err, marker)
-    if code:
-        assert f"{metrics}" in err
-    else:  # the damage was in the last line, which a run still writing may have cut: skipped
-        assert how in ("truncated", "flipped")
+    assert "Traceback" not in err and not marker.exists(), err
+    if how == "truncated":
+        assert code == 0 and (tmp_path / "c.png").exists(), err
+    else:
+        assert_one_line(code, err, (2,), marker)
+        assert f"{metrics}" in err and not (tmp_path / "c.png").exists()
     code, err = cli(monkeypatch, capsys, "info", str(work / "train" / "best"))
     assert code == 0 and "Traceback" not in err, err
-    assert code == 0 and (how in ("truncated", "flipped") or f"training left out: {metrics}" in " ".join(err.split()))
+    left_out = f"training left out: {metrics}" in " ".join(err.split())
+    assert left_out == (how != "truncated"), err
 
 
 # --- RUN_DIR/config.yaml and RUN_DIR/data.json: read when a run resumes -------------------------
@@ -180,20 +187,42 @@ def test_another_test_set_of_as_many_lines_is_translated_anew(finished, tmp_path
 
 # --- the recipe and the sweep file themselves ------------------------------------------------------
 
+def loader_verdict(load, path: Path) -> tuple[int, str]:
+    """What the loader itself says of a damaged file: (0, "") when what is left is still a valid
+    recipe or sweep (a cut at a line end, a flip that stays valid text), else (2, its message)."""
+    from nmtkit.errors import ConfigError
+
+    try:
+        load(path)
+    except ConfigError as err:
+        return 2, str(err)
+    return 0, ""
+
+
 @pytest.mark.parametrize("how", MUTATIONS)
 def test_a_damaged_recipe_or_sweep_file(finished, tmp_path, monkeypatch, capsys, how):
+    """A damaged recipe or sweep file is refused in one line with the loader's own message
+    (exit 2) exactly when the loader refuses it; another file type and a pickle always are."""
+    from nmtkit.config import load_config
+    from nmtkit.sweep.spec import load_sweep
+
     work, recipe = copy_work(finished, tmp_path)
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({"recipe": str(recipe), "workdir": str(tmp_path / "sweep"),
                                      "variants": [{"name": "a"}, {"name": "b", "overrides": {"train.lr": 0.01}}]}))
     marker = tmp_path / "ran"
-    mutate(recipe, how, marker)
-    code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe), "--dry-run")
-    assert_fine_or_one_line(code, err, marker)
-    assert code == 2 or how in ("truncated", "flipped")  # a cut or flip may leave a valid recipe
-    mutate(sweep, how, marker)
-    code, err = cli(monkeypatch, capsys, "-q", "sweep", str(sweep), "--dry-run")
-    assert_fine_or_one_line(code, err, marker)
+    for path, load, command in ((recipe, load_config, ("train", str(recipe), "--dry-run")),
+                                (sweep, load_sweep, ("sweep", str(sweep), "--dry-run"))):
+        mutate(path, how, marker)
+        expected, message = loader_verdict(load, path)
+        if how in ("another file type", "pickle"):
+            assert expected == 2, message
+        code, err = cli(monkeypatch, capsys, "-q", *command)
+        assert "Traceback" not in err and not marker.exists(), err
+        assert code == expected, err
+        if expected:
+            assert_one_line(code, err, (2,), marker)
+            assert message in err, err
 
 
 # --- lock files ---------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pickle
 import re
 import shutil
@@ -20,8 +19,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import reversal_pairs, tiny_recipe, write_prepared
-from test_robustness import cli
+from conftest import reversal_files, reversal_pairs, tiny_recipe, write_prepared
+from support.cli import assert_one_line, cli
+from support.damage import MUTATIONS, Payload, copy_work, malicious_pickle, mutate
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 UNSAFE = {  # what must not appear in the package: each of these can run code from a file
@@ -42,24 +42,10 @@ def test_the_package_has_no_code_running_loaders():
     assert not found, found
 
 
-class _Payload:
-    """Unpickling this runs ``touch MARKER``."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
-def malicious_pickle(marker: Path) -> bytes:
-    return pickle.dumps(_Payload(marker))
-
-
 def malicious_torch_file(marker: Path) -> bytes:
     """What ``torch.save`` writes (a zip around a pickle); ``torch.load(weights_only=False)`` runs it."""
     buffer = io.BytesIO()
-    torch.save({"weight": _Payload(marker)}, buffer)
+    torch.save({"weight": Payload(marker)}, buffer)
     return buffer.getvalue()
 
 
@@ -67,7 +53,7 @@ def malicious_npz(marker: Path) -> bytes:
     """A real ``.npz`` whose arrays are pickled objects."""
     buffer = io.BytesIO()
     objects = np.empty(1, dtype=object)
-    objects[0] = _Payload(marker)
+    objects[0] = Payload(marker)
     np.savez(buffer, src=objects, src_offsets=objects, tgt=objects, tgt_offsets=objects)
     return buffer.getvalue()
 
@@ -87,7 +73,7 @@ def test_the_payloads_are_live(tmp_path):
 def trained(tmp_path_factory) -> Path:
     """A workdir with prepared data, a checkpoint and best/ after two steps."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     workdir = tmp_path_factory.mktemp("trained")
@@ -112,7 +98,7 @@ def plant(path: Path, data: bytes, checksum_in: Path | None = None, key: str = "
 
 def forge_manifest(directory: Path) -> None:
     """Rewrite ``directory``'s checksums.json so that it vouches for the files as they are now."""
-    from nmtkit.checksums import MANIFEST, write_manifest
+    from nmtkit.storage.checksums import MANIFEST, write_manifest
 
     write_manifest(directory, json.loads((directory / MANIFEST).read_text())["files"])
 
@@ -188,26 +174,6 @@ def test_configs_and_vocabularies_that_are_pickles_are_refused(trained, tmp_path
 
 # --- every file nmtkit reads: truncated, flipped, another file type, a pickle ----------------------
 
-def mutate(path: Path, how: str, marker: Path) -> None:
-    """Damage ``path`` the way disks, copies and people do."""
-    data = path.read_bytes()
-    if how == "truncated":
-        path.write_bytes(data[:len(data) // 2])
-    elif how == "flipped":  # a few bytes in the middle, as a bad sector or a bit rot would
-        middle = len(data) // 2
-        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 3]) + data[middle + 3:])
-    elif how == "another file type":  # binary where text is expected and the other way round
-        other = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) if data[:1] in (b"{", b"n", b"a", b"f") or path.suffix in (
-            ".json", ".yaml", ".src", ".tgt") else json.dumps({"model": {"d_model": 16}}).encode()
-        path.write_bytes(other)
-    elif how == "pickle":
-        path.write_bytes(malicious_pickle(marker))
-    else:
-        raise ValueError(how)
-
-
-MUTATIONS = ("truncated", "flipped", "another file type", "pickle")
-
 
 def without_manifest(directory: Path, meta_file: str = "config.json") -> None:
     """Make ``directory`` look as an older nmtkit wrote it: no checksums.json, and no mention of one."""
@@ -215,14 +181,6 @@ def without_manifest(directory: Path, meta_file: str = "config.json") -> None:
     meta = json.loads((directory / meta_file).read_text())
     del meta["checksums"]
     (directory / meta_file).write_text(json.dumps(meta))
-
-
-def assert_one_line(code: int, err: str, codes: tuple[int, ...], marker: Path) -> str:
-    assert "Traceback" not in err, err
-    assert err.count("\n") == 1 and err.startswith("nmtkit: error: "), err
-    assert code in codes, err
-    assert not marker.exists()
-    return err
 
 
 @pytest.mark.parametrize("how", MUTATIONS)
@@ -319,7 +277,7 @@ def test_a_missing_manifest_is_noticed(trained, tmp_path, monkeypatch, capsys):
 def two_checkpoints(tmp_path_factory) -> Path:
     """A workdir whose run holds step_2 and step_4."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
 
     workdir = tmp_path_factory.mktemp("two")
@@ -329,15 +287,6 @@ def two_checkpoints(tmp_path_factory) -> Path:
     (workdir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     train(from_dict(recipe), get_console(-1))
     return workdir
-
-
-def copy_work(source: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of a workdir and its recipe (pointing at the copy)."""
-    work = tmp_path / "work"
-    shutil.copytree(source, work)
-    recipe = work / "recipe.yaml"
-    recipe.write_text(recipe.read_text().replace(str(source), str(work)))
-    return work, recipe
 
 
 def resume_falls_back(monkeypatch, capsys, work: Path, recipe: Path, *fragments: str) -> None:
@@ -435,23 +384,12 @@ def test_trainer_tensors_are_checked(two_checkpoints, tmp_path, monkeypatch, cap
     resume_falls_back(monkeypatch, capsys, work, recipe, fragment)
 
 
-def reversal_files(root: Path) -> dict:
-    """Reversal pairs as text files (80 train, 6 dev, 6 test) under ``root``: a recipe's data.files."""
-    files: dict = {}
-    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
-                         ("test", reversal_pairs(6, 2, 5))):
-        for lang, side in (("src", 0), ("tgt", 1)):
-            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
-            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
-    return files
-
-
 @pytest.fixture(scope="module")
 def prepared_by_prepare(tmp_path_factory) -> Path:
     """A workdir prepared by ``nmtkit prepare`` itself (so prepared/ has its checksums.json)."""
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
     from nmtkit.data.prepare import prepare
+    from nmtkit.runtime.console import get_console
 
     root = tmp_path_factory.mktemp("prep")
     files = reversal_files(root)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.scoring.metrics import corpus_scores
 from nmtkit.scoring.significance import bootstrap_p_value, paired_test, randomisation_p_value
 from nmtkit.scoring.tokenized import split_compounds, tokenized_bleu
+from support.cli import run_cli
 
 REFS = [
     "The committee approved the long-term budget on Tuesday.",

@@ -10,9 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from nmtkit.decoding.ensemble import EnsembleModel
+from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import beam_search, greedy_search, length_penalty, sample, sampling_choice
-from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq, group_beams
+from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
+from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
 
 A, B_, C = 4, 5, 6  # the scripted model's pieces "a", "b", "c"
 VOCAB = 8
@@ -85,21 +87,21 @@ for n in range(1, 20):
 def test_beam_pins_exact_outputs_without_length_penalty():
     model = ScriptedModel(SCRIPT)
     src, mask = src_of([10])
-    [hyps] = beam_search(model, src, mask, beam_size=2, lenpen=0.0, max_len_a=0, max_len_b=3)
+    [hyps] = beam_search(model, src, mask, SearchSettings(beam_size=2, lenpen=0.0, max_len_a=0, max_len_b=3))
     assert [h.tokens for h in hyps] == [[B_]]
     assert hyps[0].logprob == pytest.approx(math.log(0.36))
     assert hyps[0].score == pytest.approx(math.log(0.36))
     # early stop: after step 1 the live "a a" (0.175) cannot beat the finished "b" (0.36)
     assert model.calls == [2, 2]
-    [[g]] = greedy_search(ScriptedModel(SCRIPT), src, mask, lenpen=0.0, max_len_a=0, max_len_b=3)
+    [[g]] = greedy_search(ScriptedModel(SCRIPT), src, mask, SearchSettings(lenpen=0.0, max_len_a=0, max_len_b=3))
     assert g.tokens == [A, A] and g.logprob == pytest.approx(math.log(0.175))
 
 
 def test_length_penalty_changes_the_winner_and_nbest_is_sorted():
     src, mask = src_of([10])
     alpha = 4.0
-    [hyps] = beam_search(ScriptedModel(SCRIPT), src, mask, beam_size=2, lenpen=alpha, max_len_a=0, max_len_b=3,
-                         nbest=2)
+    [hyps] = beam_search(ScriptedModel(SCRIPT), src, mask,
+                         SearchSettings(beam_size=2, lenpen=alpha, max_len_a=0, max_len_b=3, nbest=2))
     assert [h.tokens for h in hyps] == [[A, A], [B_]]
     assert hyps[0].score == pytest.approx(math.log(0.175) / (7 / 6) ** alpha)
     assert hyps[1].score == pytest.approx(math.log(0.36))
@@ -111,7 +113,7 @@ def test_length_penalty_changes_the_winner_and_nbest_is_sorted():
 def test_length_limit_finishes_hypotheses_and_batch_shrinks():
     model = ScriptedModel(SCRIPT)
     src, mask = src_of([10, 11])
-    out = beam_search(model, src, mask, beam_size=1, lenpen=0.0, max_len_a=0, max_len_b=4)
+    out = beam_search(model, src, mask, SearchSettings(beam_size=1, lenpen=0.0, max_len_a=0, max_len_b=4))
     assert out[0][0].tokens == [A, A]
     assert out[1][0].tokens == [C, C, C, C]  # stopped by the limit, EOS forced at step 4
     assert out[1][0].logprob == pytest.approx(math.log(0.9 ** 4 * 0.1))
@@ -121,73 +123,30 @@ def test_length_limit_finishes_hypotheses_and_batch_shrinks():
 def test_length_limit_follows_source_length():
     src = torch.tensor([[11, A, A, A, A, A], [11, A, PAD, PAD, PAD, PAD]])
     # key 11 makes "c" likelier than EOS at every step, so greedy runs to the limit
-    out = beam_search(ScriptedModel(SCRIPT), src, src.ne(PAD), beam_size=1, lenpen=0.0, max_len_a=1.0, max_len_b=1)
+    out = beam_search(ScriptedModel(SCRIPT), src, src.ne(PAD),
+                      SearchSettings(beam_size=1, lenpen=0.0, max_len_a=1.0, max_len_b=1))
     assert [len(h[0].tokens) for h in out] == [7, 3]  # a * |x| + b with |x| = 6 and 2 pieces
 
 
 def test_min_len_blocks_eos():
     src, mask = src_of([10])
-    for search in (lambda m: beam_search(m, src, mask, 2, lenpen=0.0, min_len=2, max_len_b=5),
-                   lambda m: greedy_search(m, src, mask, lenpen=0.0, min_len=2, max_len_b=5)):
+    for search in (lambda m: beam_search(m, src, mask, SearchSettings(beam_size=2, lenpen=0.0, min_len=2, max_len_b=5)),
+                   lambda m: greedy_search(m, src, mask, SearchSettings(lenpen=0.0, min_len=2, max_len_b=5))):
         [[best, *_]] = search(ScriptedModel(SCRIPT))
         assert len(best.tokens) >= 2
 
 
 def test_attention_rows_per_output_piece():
     src, mask = src_of([11], length=3)
-    [[hyp]] = beam_search(ScriptedModel(SCRIPT), src, mask, 1, max_len_a=0, max_len_b=4, need_attn=True)
+    [[hyp]] = beam_search(ScriptedModel(SCRIPT), src, mask,
+                          SearchSettings(beam_size=1, max_len_a=0, max_len_b=4, need_attn=True))
     assert hyp.attention.shape == (4, 3)
     assert hyp.attention.argmax(1).tolist() == [0, 1, 2, 0]
-    [[g]] = greedy_search(ScriptedModel(SCRIPT), src, mask, max_len_a=0, max_len_b=4, need_attn=True)
+    [[g]] = greedy_search(ScriptedModel(SCRIPT), src, mask, SearchSettings(max_len_a=0, max_len_b=4, need_attn=True))
     assert torch.equal(g.attention, hyp.attention)
 
 
 # ---------------------------------------------------------------- tiny random models
-
-@dataclasses.dataclass
-class TinyState(Selectable):
-    hidden: Tensor  # [rows, D]
-    attn: Optional[Tensor] = None
-
-
-class TinyModel(Seq2Seq):
-    """A small attentional GRU in float64: random, cheap, honours the beam layout."""
-
-    def __init__(self, seed: int, vocab: int = 12, dim: int = 16, sharpness: float = 3.0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(vocab, dim)
-        self.enc_proj = nn.Linear(dim, dim)
-        self.cell = nn.GRUCell(dim, dim)
-        self.out = nn.Linear(2 * dim, vocab)
-        self.sharpness = sharpness
-        self.double()
-
-    def encode(self, src, src_mask):
-        memory = torch.tanh(self.enc_proj(self.embed(src))) * src_mask[:, :, None]
-        return EncoderOut(memory, src_mask)
-
-    def init_state(self, enc, beam=1):
-        mean = enc.memory.sum(1) / enc.src_mask.sum(1, keepdim=True)
-        return TinyState(mean.repeat_interleave(beam, 0))
-
-    def decode_step(self, prev, enc, state, need_attn=False):
-        hidden = self.cell(self.embed(prev), state.hidden)
-        batch = enc.memory.size(0)
-        query = group_beams(hidden, batch)  # (B, beam, D)
-        scores = (query @ enc.memory.transpose(1, 2)).masked_fill(~enc.src_mask[:, None, :], float("-inf"))
-        weights = scores.softmax(-1)  # (B, beam, S)
-        context = (weights @ enc.memory).reshape(hidden.shape)
-        logits = self.out(torch.cat([hidden, context], -1)) * self.sharpness
-        return logits, TinyState(hidden, weights.reshape(hidden.size(0), -1) if need_attn else None)
-
-
-def random_batch(seed: int, batch: int = 6, vocab: int = 12, max_len: int = 7) -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, max_len + 1, (batch,), generator=gen)
-    src = torch.randint(4, vocab, (batch, max_len), generator=gen)
-    src = src.masked_fill(torch.arange(max_len)[None] >= lengths[:, None], PAD)
-    return src, src.ne(PAD)
 
 
 SETTINGS = dict(max_len_a=1.0, max_len_b=4, min_len=1)
@@ -198,31 +157,12 @@ SETTINGS = dict(max_len_a=1.0, max_len_b=4, min_len=1)
 def test_beam_one_is_greedy(lenpen):
     for seed in range(4):
         model, (src, mask) = TinyModel(seed).eval(), random_batch(seed)
-        beam = beam_search(model, src, mask, 1, lenpen=lenpen, need_attn=True, **SETTINGS)
-        greedy = greedy_search(model, src, mask, lenpen=lenpen, need_attn=True, **SETTINGS)
+        beam = beam_search(model, src, mask, SearchSettings(beam_size=1, lenpen=lenpen, need_attn=True, **SETTINGS))
+        greedy = greedy_search(model, src, mask, SearchSettings(lenpen=lenpen, need_attn=True, **SETTINGS))
         for [b], [g] in zip(beam, greedy):
             assert b.tokens == g.tokens
             assert b.score == pytest.approx(g.score, rel=1e-12)
             assert torch.allclose(b.attention, g.attention)
-
-
-def all_outputs(pieces: list[int], max_len: int) -> list[list[int]]:
-    outputs, frontier = [], [[]]
-    for _ in range(max_len + 1):
-        outputs += frontier
-        frontier = [seq + [p] for seq in frontier for p in pieces]
-    return outputs
-
-
-def sequence_score(model: Seq2Seq, src: Tensor, mask: Tensor, tokens: list[int], lenpen: float) -> float:
-    """logprob(tokens + EOS) / lp(|tokens|), by teacher forcing through decode_step."""
-    enc = model.encode(src, mask)
-    state, prev, total = model.init_state(enc, 1), torch.tensor([BOS]), 0.0
-    for token in tokens + [EOS]:
-        logits, state = model.decode_step(prev, enc, state)
-        total += float(torch.log_softmax(logits.float(), -1)[0, token])
-        prev = torch.tensor([token])
-    return total / ((5 + len(tokens)) / 6) ** lenpen
 
 
 @torch.no_grad()
@@ -235,8 +175,8 @@ def test_exhaustive_beam_is_exact_and_beats_greedy(lenpen):
         model = TinyModel(seed, vocab=7, sharpness=1.0).eval()
         src, mask = random_batch(seed, batch=2, vocab=7, max_len=3)
         settings = dict(lenpen=lenpen, max_len_a=0, max_len_b=max_len, min_len=0)
-        beam = beam_search(model, src, mask, len(pieces) ** max_len, **settings)
-        greedy = greedy_search(model, src, mask, **settings)
+        beam = beam_search(model, src, mask, SearchSettings(beam_size=len(pieces) ** max_len, **settings))
+        greedy = greedy_search(model, src, mask, SearchSettings(**settings))
         for i in range(src.size(0)):
             one = (src[i:i + 1], mask[i:i + 1])
             best = max(all_outputs(pieces, max_len), key=lambda y: sequence_score(model, *one, y, lenpen))
@@ -252,8 +192,8 @@ def test_narrow_beam_beats_greedy_on_average():
     gains, losses = [], 0
     for seed in range(10):
         model, (src, mask) = TinyModel(seed, sharpness=1.0).eval(), random_batch(100 + seed)
-        greedy = greedy_search(model, src, mask, lenpen=0.6, **SETTINGS)
-        beam = beam_search(model, src, mask, 4, lenpen=0.6, **SETTINGS)
+        greedy = greedy_search(model, src, mask, SearchSettings(lenpen=0.6, **SETTINGS))
+        beam = beam_search(model, src, mask, SearchSettings(beam_size=4, lenpen=0.6, **SETTINGS))
         for [g], hyps in zip(greedy, beam):
             gains.append(hyps[0].score - g.score)
             losses += hyps[0].score < g.score - 1e-6
@@ -265,14 +205,15 @@ def test_narrow_beam_beats_greedy_on_average():
 def test_batch_composition_does_not_change_outputs():
     model = TinyModel(3).eval()
     src, mask = random_batch(7, batch=8)
-    together = beam_search(model, src, mask, 3, nbest=2, **SETTINGS)
+    together = beam_search(model, src, mask, SearchSettings(beam_size=3, nbest=2, **SETTINGS))
     for i in range(src.size(0)):
         length = int(mask[i].sum())
-        [alone] = beam_search(model, src[i:i + 1, :length], mask[i:i + 1, :length], 3, nbest=2, **SETTINGS)
+        [alone] = beam_search(model, src[i:i + 1, :length], mask[i:i + 1, :length],
+                              SearchSettings(beam_size=3, nbest=2, **SETTINGS))
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[i]], rel=1e-9)
     order = torch.randperm(src.size(0), generator=torch.Generator().manual_seed(0))
-    shuffled = beam_search(model, src[order], mask[order], 3, nbest=2, **SETTINGS)
+    shuffled = beam_search(model, src[order], mask[order], SearchSettings(beam_size=3, nbest=2, **SETTINGS))
     for j, i in enumerate(order.tolist()):
         assert [h.tokens for h in shuffled[j]] == [h.tokens for h in together[i]]
 
@@ -281,7 +222,7 @@ def test_batch_composition_does_not_change_outputs():
 def test_nbest_is_sorted_distinct_and_complete():
     model = TinyModel(5).eval()
     src, mask = random_batch(5)
-    for hyps in beam_search(model, src, mask, 5, nbest=5, **SETTINGS):
+    for hyps in beam_search(model, src, mask, SearchSettings(beam_size=5, nbest=5, **SETTINGS)):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
@@ -295,8 +236,9 @@ def test_outputs_respect_limits_and_never_empty():
     model = TinyModel(2).eval()
     src, mask = random_batch(2, batch=10)
     limits = (mask.sum(1) * 0.5 + 2).floor().long().tolist()
-    for search in (lambda: beam_search(model, src, mask, 4, max_len_a=0.5, max_len_b=2, min_len=2),
-                   lambda: greedy_search(model, src, mask, max_len_a=0.5, max_len_b=2, min_len=2)):
+    for search in (lambda: beam_search(model, src, mask,
+                                       SearchSettings(beam_size=4, max_len_a=0.5, max_len_b=2, min_len=2)),
+                   lambda: greedy_search(model, src, mask, SearchSettings(max_len_a=0.5, max_len_b=2, min_len=2))):
         for hyps, limit in zip(search(), limits):
             assert hyps
             assert all(min(2, limit) <= len(h.tokens) <= limit for h in hyps)
@@ -307,17 +249,17 @@ def test_outputs_respect_limits_and_never_empty():
 def test_sampling_is_seeded_and_topk_one_is_greedy():
     model = TinyModel(4).eval()
     src, mask = random_batch(4)
-    first = sample(model, src, mask, seed=7, nbest=3, **SETTINGS)
-    again = sample(model, src, mask, seed=7, nbest=3, **SETTINGS)
-    other = sample(model, src, mask, seed=8, nbest=3, **SETTINGS)
+    first = sample(model, src, mask, SearchSettings(seed=7, nbest=3, **SETTINGS))
+    again = sample(model, src, mask, SearchSettings(seed=7, nbest=3, **SETTINGS))
+    other = sample(model, src, mask, SearchSettings(seed=8, nbest=3, **SETTINGS))
     tokens = lambda out: [[h.tokens for h in hyps] for hyps in out]  # noqa: E731
     assert tokens(first) == tokens(again)
     assert tokens(first) != tokens(other)
     assert all(len(hyps) == 3 for hyps in first)
-    top1 = sample(model, src, mask, seed=9, topk=1, temperature=0.7, **SETTINGS)
-    greedy = greedy_search(model, src, mask, **SETTINGS)
+    top1 = sample(model, src, mask, SearchSettings(seed=9, topk=1, temperature=0.7, **SETTINGS))
+    greedy = greedy_search(model, src, mask, SearchSettings(**SETTINGS))
     assert tokens(top1) == tokens(greedy)
-    nucleus = sample(model, src, mask, seed=9, topp=1e-6, **SETTINGS)  # only the top piece survives
+    nucleus = sample(model, src, mask, SearchSettings(seed=9, topp=1e-6, **SETTINGS))  # only the top piece survives
     assert tokens(nucleus) == tokens(greedy)
 
 
@@ -355,8 +297,9 @@ def test_ensemble_averages_probabilities():
 def test_ensemble_of_one_model_decodes_like_the_model():
     model = TinyModel(6).eval()
     src, mask = random_batch(6)
-    alone = beam_search(model, src, mask, 3, nbest=2, need_attn=True, **SETTINGS)
-    wrapped = beam_search(EnsembleModel([model]), src, mask, 3, nbest=2, need_attn=True, **SETTINGS)
+    alone = beam_search(model, src, mask, SearchSettings(beam_size=3, nbest=2, need_attn=True, **SETTINGS))
+    wrapped = beam_search(EnsembleModel([model]), src, mask,
+                          SearchSettings(beam_size=3, nbest=2, need_attn=True, **SETTINGS))
     for a, w in zip(alone, wrapped):
         assert [h.tokens for h in a] == [h.tokens for h in w]
         assert [h.score for h in a] == pytest.approx([h.score for h in w], rel=1e-5)

@@ -1,66 +1,51 @@
-"""The constrained search's memory is estimated before it runs: a line whose constraints
-would need more than the bound is a one-line error naming it, and lines that fit are searched
-in batches the bound allows, with the outputs of one big batch."""
+"""translate's bound on a constrained search (``decoding/cost.py``): a line whose search alone
+would pass it is a one-line error naming it, before any search runs, and constrained lines
+that fit are searched in calls kept under it, with the outputs of one big batch."""
 from __future__ import annotations
 
 import json
 import resource
-import subprocess
-import sys
 
-
-from conftest import cli_in_process
 from nmtkit.decoding import cost
-from nmtkit.decoding.cost import estimate_search_bytes, split_by_cost
-from nmtkit.decoding.guides import Guide
-from test_guided_decoding import LINES, guided, loaded, trained  # noqa: F401  (module fixtures)
-
-MEASURE = """
-import resource, sys, torch
-from nmtkit.decoding.constraints import LexicalConstraints
-pieces, beam, vocab = int(sys.argv[1]), int(sys.argv[2]), 50
-lexical = LexicalConstraints([[[4 + i % 40 for i in range(pieces)]]], beam, "cpu")
-lprobs = torch.randn(beam, vocab).log_softmax(-1)
-top, flat = lprobs.view(-1).topk(2 * beam)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-lexical.expand(torch.zeros(1, beam), lprobs, top[None], (flat // vocab)[None], (flat % vocab)[None], torch.arange(1))
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
-"""
+from nmtkit.decoding.cost import split_by_cost
+from nmtkit.decoding.guides import Guide, target_ids
+from support.cli import cli_in_process
+from test_guided_decoding import FAST, LINES, guided, loaded, trained  # noqa: F401  (module fixtures)
 
 
-def test_the_estimate_covers_what_the_constrained_step_allocates():
-    pieces, beam = 1500, 4
-    measured = int(subprocess.run([sys.executable, "-c", MEASURE, str(pieces), str(beam)], capture_output=True,
-                                  text=True, check=True, env={"OMP_NUM_THREADS": "1", "PATH": ""}).stdout)
-    estimate = estimate_search_bytes(1, beam, pieces)
-    assert estimate == beam * (3 + pieces) * pieces * cost.CELL_BYTES
-    assert measured <= estimate <= 3 * measured
-    assert estimate_search_bytes(3, beam, pieces) == 3 * estimate  # linear in the sentences
-    assert estimate_search_bytes(1, beam, 0, vocab_size=100) == beam * 100 * cost.LOGIT_BYTES
-
-
-def test_batches_are_cut_to_the_bound_and_keep_every_line():
+def test_calls_are_cut_to_the_bound_widest_first_and_keep_every_line():
     pieces = {0: 10, 1: 300, 2: 0, 3: 300, 4: 50, 5: 299}
-    limit = estimate_search_bytes(2, 4, 300)
-    batches = split_by_cost(list(pieces), pieces, 4, limit=limit)
-    assert sorted(i for batch in batches for i in batch) == list(pieces)
-    assert all(estimate_search_bytes(len(b), 4, max(pieces[i] for i in b)) <= limit for b in batches)
-    assert batches[0] == [1, 3]  # widest first, as many as fit
-    assert split_by_cost([0, 1], pieces, 4, limit=1) == [[1], [0]]
+
+    def bytes_of(group):  # grows with the lines and the widest of them, as the estimate does
+        return len(group) * max(pieces[i] for i in group) ** 2
+
+    limit = bytes_of([1, 3])
+    calls = split_by_cost(list(pieces), bytes_of, pieces.__getitem__, limit=limit)
+    assert sorted(i for call in calls for i in call) == list(pieces)
+    assert all(bytes_of(call) <= limit for call in calls)
+    assert calls[0] == [1, 3]  # widest first, as many as fit
+    assert split_by_cost([0, 1], bytes_of, pieces.__getitem__, limit=1) == [[1], [0]]  # alone past it: its own
 
 
 def test_constrained_lines_split_by_cost_translate_as_one_batch(loaded, monkeypatch):  # noqa: F811
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.decoding.torch_engine import TorchEngine
+    from nmtkit.decoding.translate import Translator
+
     sets = [["j"], ["b c"], [], ["a", "h i"], ["e f g"], ["d", "d"], ["i"], ["c", "j a"]]
     guides = [Guide(constraints=tuple(s)) for s in sets]
     together = guided(loaded, guides, beam_size=3)
-    monkeypatch.setattr(cost, "MAX_SEARCH_BYTES", estimate_search_bytes(1, 3, 12))  # a few constrained lines a batch
-    from nmtkit.decoding.torch_engine import TorchEngine
-
+    options = TranslateOptions(**{**FAST, "beam_size": 3})
+    translator = Translator(TorchEngine.from_loaded(loaded, options), options)
+    sources = translator.encode(LINES)
+    pieces = {i: sum(map(len, phrases)) for i, phrases in enumerate(target_ids(translator.tgt_vocab, guides)[1])}
+    widest = max(translator.search_cost([i], sources, pieces) for i in pieces if pieces[i])
+    monkeypatch.setattr(cost, "MAX_SEARCH_BYTES", widest)  # every line fits alone, not many together
     sizes, search = [], TorchEngine.search
     monkeypatch.setattr(TorchEngine, "search", lambda self, src, *a, **k: sizes.append(len(src)) or
                         search(self, src, *a, **k))
     assert guided(loaded, guides, beam_size=3) == together
-    assert len(sizes) >= 2 and max(sizes) < len(LINES)  # one batch of eight without the bound
+    assert len(sizes) >= 3 and max(sizes) < len(LINES)  # one call of eight without the bound
 
 
 def test_constraints_past_the_bound_are_one_line_before_any_search(trained, tmp_path, monkeypatch, capsys):  # noqa: F811

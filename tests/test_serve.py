@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_in_process, reversal_pairs, run_cli, sequences, tagged_model, train_tiny
+from conftest import concurrently, reversal_pairs, sequences, tagged_model, train_tiny
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
-from nmtkit.translation import open_engine
+from nmtkit.translate_files import open_engine
+from support.cli import cli_in_process, run_cli
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -100,23 +101,6 @@ def test_prefixes_and_constraints_per_text_answer_like_translate(client, model_d
 def test_concurrent_requests_share_batches_and_never_mix(model_dir):
     with start_app([str(model_dir)], TranslateOptions(**CPU), window_s=0.3) as client:
         check_concurrent_requests(client, model_dir)
-
-
-def concurrently(client, bodies: list[dict]) -> list:
-    """The answers to POST /translate of every body, all sent at once from threads of their own."""
-    answers: list = [None] * len(bodies)
-    start = threading.Barrier(len(bodies))
-
-    def ask(k: int) -> None:
-        start.wait()
-        answers[k] = client.post("/translate", json=bodies[k])
-
-    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(bodies))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return answers
 
 
 def check_concurrent_requests(client, model_dir) -> None:
@@ -200,12 +184,12 @@ def options_of(monkeypatch, capsys, command: str, *args: str) -> TranslateOption
     """The options ``nmtkit COMMAND ARGS`` (serve or translate) runs under, caught where the
     command hands them to its core function (so no server starts and nothing is translated)."""
     import nmtkit.serving.app
-    import nmtkit.translation
+    import nmtkit.translate_files
 
     caught = {}
     with monkeypatch.context() as patch:
         patch.setattr(nmtkit.serving.app, "serve", lambda dirs, options, *rest, **kw: caught.update(options=options))
-        patch.setattr(nmtkit.translation, "translate_file",
+        patch.setattr(nmtkit.translate_files, "translate_file",
                       lambda dirs, source, out, options, *rest: caught.update(options=options))
         code, _, err = cli_in_process(patch, capsys, command, *args)
     assert code == 0, err
@@ -443,15 +427,22 @@ def test_missing_http_libraries_are_a_one_line_error(monkeypatch):
         require_http_stack()
 
 
-def test_load_benchmark_runs_small(model_dir, tmp_path):
-    """benchmarks/serve_load.py end to end with 2 clients x 3 requests."""
+def test_load_benchmark_runs_small_and_holds_off_slow_uploads_and_over_cost_requests(model_dir, tmp_path):
+    """benchmarks/serve_load.py end to end with 2 clients x 3 requests, twice: the second time
+    beside one slow uploader (cut with 408) and one over-cost client (every request a 413)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import serve_load
 
     source = tmp_path / "input.txt"
     source.write_text("".join(line + "\n" for line in sources(12, 4)), encoding="utf-8")
     record = serve_load.main(["--model", str(model_dir), "--input", str(source), "--clients", "2", "--requests", "3",
-                              "--max-lines", "3", "--threads", "1", "--out", str(tmp_path / "out")])
+                              "--max-lines", "3", "--threads", "1", "--out", str(tmp_path / "out"),
+                              "--adversaries", "1", "--read-timeout", "1", "--drip-s", "0.2"])
     assert record["ok"] and record["answered"] == 6 and record["wrong"] == 0 and record["malformed_refused"] == "8/8"
     assert record["p50_ms"] <= record["p99_ms"] and record["lines_s"] > 0
     assert json.loads((tmp_path / "out" / "serve_load.json").read_text())["records"][0]["ok"] is True
+    assert record["adversaries_held"] and record["attacked_answered"] == 6 and record["attacked_wrong"] == 0
+    assert record["slow_uploads_cut"] >= 1 and record["slow_uploads_not_cut"] == 0
+    assert record["costly_refused"] >= 1 and record["costly_not_refused"] == 0
+    assert record["rejected"]["search_memory"] == record["costly_refused"]
+    assert record["rejected"]["read_timeout"] == record["slow_uploads_cut"]

@@ -224,8 +224,8 @@ def test_prepare_on_the_bible(aligned, monkeypatch, tmp_path):
     import io
 
     from nmtkit.config import load_config
-    from nmtkit.console import NmtConsole
     from nmtkit.data.prepare import prepare
+    from nmtkit.runtime.console import NmtConsole
 
     monkeypatch.setattr(sword, "aligned_verses", lambda *args: aligned)
     recipe = Path(__file__).parent.parent / "recipes" / "quickstart.yaml"

@@ -14,11 +14,11 @@ import yaml
 
 from conftest import tiny_recipe, tiny_sentences
 from nmtkit.config import from_dict
-from nmtkit.console import get_console
 from nmtkit.data.ids import ParallelIds, flatten, load_split
 from nmtkit.data.subword_sampling import SubwordSampler, sentence_seeds
 from nmtkit.data.vocab import Vocab, train_spm
 from nmtkit.errors import ConfigError
+from nmtkit.runtime.console import get_console
 
 
 def word_pairs(n: int, seed: int) -> list[tuple[str, str]]:
@@ -233,7 +233,7 @@ def test_dev_and_test_encoding_is_untouched_by_sampling(prepared):
 
 
 def test_killed_and_resumed_sampled_training_is_bit_identical(prepared, tmp_path):
-    from test_crash_resume import MODEL, TRAIN, assert_same_final_state, final_state, train_to_end, train_with_kills
+    from support.resume import MODEL, TRAIN, assert_same_final_state, final_state, train_to_end, train_with_kills
 
     recipes = []
     for name in ("reference", "killed"):

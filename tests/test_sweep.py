@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, run_cli, tiny_recipe
+from conftest import reversal_pairs, tiny_recipe
+from support.cli import run_cli
 
 VARIANTS = [{"name": "baseline"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -87,10 +88,10 @@ def test_two_variants_share_one_prepare(finished):
 
 
 def test_results_columns_and_p_values(finished):
-    from nmtkit.files import read_lines
-    from nmtkit.models.build import build_model, parameter_table
     from nmtkit.config import load_config
+    from nmtkit.models.build import build_model, parameter_table
     from nmtkit.scoring.significance import paired_test
+    from nmtkit.storage.files import read_lines
 
     root, _, sweep_dir, result = finished
     results = results_of(sweep_dir)
@@ -132,8 +133,8 @@ def test_damaged_sweep_records_read_as_pending_or_are_one_line(finished, monkeyp
     """A variant's results.json or sweep-run.json damaged any way: the variant reads as pending (it
     runs again) or, where the damage left a sound record, as it was; the table is still written.
     A damaged sweep.json is a one-line error for `nmtkit plot`. The files are put back after."""
-    from test_robustness import cli
-    from test_safe_loading import MUTATIONS, mutate
+    from support.cli import cli
+    from support.damage import MUTATIONS, mutate
 
     from nmtkit.models.build import parameter_counts
     from nmtkit.sweep.record import variant_status
@@ -181,7 +182,7 @@ def test_finished_variants_are_skipped(finished):
 
 
 def test_plot_overlays_the_variants(finished, tmp_path):
-    from nmtkit.sweep.spec import sweep_runs
+    from nmtkit.sweep.plan import sweep_runs
 
     _, _, sweep_dir, _ = finished
     assert [name for name, _ in sweep_runs(sweep_dir)] == ["baseline", "fast"]

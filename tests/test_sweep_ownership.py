@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from conftest import cli_in_process
+from support.cli import cli_in_process
 from nmtkit.config import load_config
 from nmtkit.errors import ConfigError
 from nmtkit.sweep.spec import load_sweep
@@ -37,7 +37,7 @@ def test_a_sweep_refuses_a_directory_holding_files_it_did_not_write(tmp_path, mo
 
 
 def test_a_sweep_directory_of_its_own_is_recognised(tmp_path):
-    from nmtkit.sweep.runner import refuse_foreign_files
+    from nmtkit.sweep.plan import refuse_foreign_files
 
     write_task(tmp_path)
     plan = load_sweep(write_sweep(tmp_path, "ours"))

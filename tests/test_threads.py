@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from nmtkit import threads
+from nmtkit.runtime import threads
 
 
 @pytest.fixture

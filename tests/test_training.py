@@ -9,14 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import TrainConfig, from_dict
-from nmtkit.console import get_console
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import load_split
+from nmtkit.runtime.console import get_console
 from nmtkit.specials import BOS, EOS, PAD
 from nmtkit.training.loss import label_smoothed_loss
 from nmtkit.training.schedule import learning_rate
+from support.cli import run_cli
 
 
 def test_noam_schedule_values():

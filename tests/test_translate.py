@@ -2,53 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_cli, tiny_sentences
-from nmtkit.config import ModelConfig
-from nmtkit.console import NmtConsole
+from conftest import options, save_tiny_model, tiny_sentences
 from nmtkit.decoding.batching import token_batches
 from nmtkit.decoding.translate import TranslateOptions, translate_lines
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.translation import translate_file
-
-FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float32")
-
-
-def save_tiny_model(directory: Path, spm: Path, seed: int) -> Path:
-    from nmtkit.data.vocab import Vocab
-    from nmtkit.models.build import build_model
-    from nmtkit.modeldir import save_model_dir
-
-    cfg = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=2, dropout=0.0,
-                      max_positions=64)
-    size = len(Vocab(spm))
-    torch.manual_seed(seed)
-    model = build_model(cfg, size, size)
-    with torch.no_grad():  # sharper than the default init, so outputs vary with the input
-        model.output_proj.weight.mul_(8.0)
-    return save_model_dir(model, cfg, directory, spm, spm, {"note": "random test model"})
-
-
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tiny_spm) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("model") / "model", tiny_spm, seed=0)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    from nmtkit.modeldir import load_model_dir
-
-    return [load_model_dir(model_dir)]
-
-
-def options(**kw) -> TranslateOptions:
-    return TranslateOptions(**{**FAST, **kw})
+from nmtkit.runtime.console import NmtConsole
+from nmtkit.translate_files import translate_file
+from support.cli import run_cli
 
 
 def quiet_console() -> NmtConsole:
@@ -215,3 +179,21 @@ def test_options_match_the_cli_signature():
     cli_names = set(inspect.signature(translate).parameters) - {"ctx", "model", "input", "output", "prefix_file",
                                                                  "constraints"}
     assert cli_names == {f.name for f in dataclasses.fields(TranslateOptions)}
+
+
+def test_translate_and_serve_share_one_declaration_of_each_common_option():
+    """The engine, placement, language and decode flags are declared once (cli_options) and
+    appear in both commands with the same flags, help and default; translate's option groups
+    cover TranslateOptions exactly, so no setting is accepted and dropped."""
+    import typer.main
+
+    from nmtkit import cli_options
+    from nmtkit.cli import app
+
+    commands = typer.main.get_command(app).commands
+    shared = [f.name for group in (cli_options.RunFlags, cli_options.DecodeFlags) for f in dataclasses.fields(group)]
+    shown = {name: {p.name: (p.opts, p.help, p.default) for p in commands[name].params} for name in ("translate", "serve")}
+    assert shared and all(shown["translate"][name] == shown["serve"][name] for name in ["model", *shared])
+    settings = [f.name for group in (cli_options.RunFlags, cli_options.DecodeFlags, cli_options.CallFlags)
+                for f in dataclasses.fields(group)]
+    assert sorted(settings) == sorted(f.name for f in dataclasses.fields(TranslateOptions))

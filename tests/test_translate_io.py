@@ -14,14 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import tiny_sentences
-from nmtkit.console import NmtConsole
+from conftest import options, tiny_sentences
 from nmtkit.decoding.guides import GuideFiles
 from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.errors import ConfigError
-from nmtkit.partial import partial_dir
-from nmtkit.translation import chunk_seed, progress_key, scan_input, translate_file
-from test_translate import loaded, model_dir, options  # noqa: F401  (module fixtures)
+from nmtkit.runtime.console import NmtConsole
+from nmtkit.storage.partial import partial_dir
+from nmtkit.translate_files import chunk_seed, progress_key, scan_input, translate_file
 
 FLAGS = ("--beam-size", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu", "--dtype", "float32")
 
@@ -39,7 +38,7 @@ def watchdog(proc: subprocess.Popen, seconds: float = 120) -> threading.Timer:
     return timer
 
 
-def test_stream_answers_each_line_before_the_next_is_written(model_dir, loaded):  # noqa: F811
+def test_stream_answers_each_line_before_the_next_is_written(model_dir, loaded):
     lines = ["the cat sat", "", "a big red dog ran quickly under the mat"]
     expected = translate_lines(loaded, lines, options(nbest=2))  # N lines per input line
     proc = start_translate(model_dir, "--stream", "--nbest", "2")
@@ -57,7 +56,7 @@ def test_stream_answers_each_line_before_the_next_is_written(model_dir, loaded):
         proc.kill()
 
 
-def test_a_terminal_stdin_is_translated_line_by_line_without_the_flag(model_dir, loaded, monkeypatch):  # noqa: F811
+def test_a_terminal_stdin_is_translated_line_by_line_without_the_flag(model_dir, loaded, monkeypatch):
     lines = ["the cat sat", "a dog", "", "the mat"]
     calls, real = [], Translator.translate
     monkeypatch.setattr(Translator, "translate", lambda self, chunk, **kw: calls.append(list(chunk)) or
@@ -85,7 +84,7 @@ def recording_console() -> tuple[NmtConsole, io.StringIO]:
     return NmtConsole(file=text, width=400), text
 
 
-def test_a_crashed_translation_resumes_from_its_saved_chunks(tmp_path, model_dir, loaded, monkeypatch):  # noqa: F811
+def test_a_crashed_translation_resumes_from_its_saved_chunks(tmp_path, model_dir, loaded, monkeypatch):
     lines = tiny_sentences(23, seed=7)
     source, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
     real, seen = Translator.translate, []
@@ -117,7 +116,7 @@ def test_a_crashed_translation_resumes_from_its_saved_chunks(tmp_path, model_dir
     assert not store.exists()
 
 
-def test_saved_chunks_of_other_settings_are_not_reused(tmp_path, model_dir, loaded, monkeypatch):  # noqa: F811
+def test_saved_chunks_of_other_settings_are_not_reused(tmp_path, model_dir, loaded, monkeypatch):
     lines = tiny_sentences(12, seed=8)
     source, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
     real, calls = Translator.translate, []
@@ -141,7 +140,7 @@ def test_saved_chunks_of_other_settings_are_not_reused(tmp_path, model_dir, load
     assert not partial_dir(out).exists()
 
 
-def test_the_progress_key_follows_input_models_settings_and_device(tmp_path, model_dir):  # noqa: F811
+def test_the_progress_key_follows_input_models_settings_and_device(tmp_path, model_dir):
     source = write_lines(tmp_path / "in.txt", ["the cat", "a dog"])
 
     def key(path=source, models=(str(model_dir),), description="on cpu in float32", side=GuideFiles(), **settings):
@@ -164,7 +163,7 @@ def test_the_progress_key_follows_input_models_settings_and_device(tmp_path, mod
     assert len(set(changed + [key()])) == len(changed) + 1
 
 
-def test_sampling_seeds_are_per_chunk_and_something_in_the_way_is_refused(tmp_path, model_dir):  # noqa: F811
+def test_sampling_seeds_are_per_chunk_and_something_in_the_way_is_refused(tmp_path, model_dir):
     assert chunk_seed(5, 0) == 5 and chunk_seed(5, 1) != chunk_seed(6, 0) != chunk_seed(5, 2)
     assert all(0 <= chunk_seed(2**63 - 1, k) < 2**63 for k in range(5))
     source, out = write_lines(tmp_path / "in.txt", ["a"]), tmp_path / "out.txt"
@@ -175,7 +174,7 @@ def test_sampling_seeds_are_per_chunk_and_something_in_the_way_is_refused(tmp_pa
     assert in_the_way.read_text(encoding="utf-8") == "mine"
 
 
-def test_a_killed_translation_rerun_gives_the_uninterrupted_output(tmp_path, model_dir, loaded):  # noqa: F811
+def test_a_killed_translation_rerun_gives_the_uninterrupted_output(tmp_path, model_dir, loaded):
     lines = tiny_sentences(60, seed=9)
     source, out = write_lines(tmp_path / "big.txt", lines), tmp_path / "out.txt"
     store = partial_dir(out)
@@ -199,7 +198,7 @@ def test_a_killed_translation_rerun_gives_the_uninterrupted_output(tmp_path, mod
     assert not store.exists()
 
 
-def test_a_terminal_shows_lines_per_second_and_the_time_left(tmp_path, model_dir):  # noqa: F811
+def test_a_terminal_shows_lines_per_second_and_the_time_left(tmp_path, model_dir):
     source, out = write_lines(tmp_path / "in.txt", tiny_sentences(9, seed=4)), tmp_path / "out.txt"
     text = io.StringIO()
     console = NmtConsole(file=text, width=200, force_terminal=True)

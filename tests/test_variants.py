@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from nmtkit.config import ModelConfig
-from nmtkit.specials import BOS, PAD
+from nmtkit.specials import PAD
 from nmtkit.models.build import build_model
 from nmtkit.models.moe import MoEFeedForward
 from nmtkit.models.positions import alibi_slopes, rotary_tables, rotate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import invariants  # noqa: E402  (shared with the GPU check)
+from invariants import incremental, pad  # noqa: E402
 
 V = 24
 POSITIONS = ("sinusoidal", "learned", "alibi", "rope")
@@ -41,31 +47,11 @@ def tiny_model(**kw):
 
 
 def sentences(seed: int, lengths: list[int]) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, V, (n,), generator=g) for n in lengths]
-
-
-def pad(rows: list[torch.Tensor], width: int = 0) -> torch.Tensor:
-    out = torch.full((len(rows), max(width, max(len(r) for r in rows))), PAD)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = row
-    return out
+    return invariants.sentences(seed, lengths, V)
 
 
 def targets(seed: int, lengths: list[int]) -> list[torch.Tensor]:
-    return [torch.cat([torch.tensor([BOS]), t]) for t in sentences(seed, [n - 1 for n in lengths])]
-
-
-@torch.no_grad()
-def incremental(model, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """Logits [B, T, V] of decode_step fed ``tgt`` one token at a time."""
-    enc = model.encode(src, src.ne(PAD))
-    state = model.init_state(enc)
-    steps = []
-    for t in range(tgt.size(1)):
-        logits, state = model.decode_step(tgt[:, t], enc, state)
-        steps.append(logits)
-    return torch.stack(steps, 1)
+    return invariants.targets(seed, lengths, V)
 
 
 @pytest.mark.parametrize("variant", COMBOS)
@@ -240,7 +226,8 @@ def test_translating_a_source_longer_than_max_positions(positions, tiny_spm, tmp
 def test_position_tables_refuse_long_training_sentences(tmp_path, positions):
     import yaml
 
-    from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+    from conftest import reversal_pairs, tiny_recipe, write_prepared
+    from support.cli import run_cli
 
     write_prepared(tmp_path, reversal_pairs(60, 0, length=6), reversal_pairs(5, 1, length=6))
     recipe = tmp_path / "r.yaml"
@@ -389,7 +376,7 @@ def test_moe_training_logs_router_statistics_and_plots_them(tmp_path):
 
     from conftest import reversal_pairs, tiny_recipe, write_prepared
     from nmtkit.config import from_dict
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
     from nmtkit.training.trainer import train
     from nmtkit.viz.curves import layer_series, plot_curves
 
@@ -418,7 +405,8 @@ def test_a_variant_runs_end_to_end_through_the_cli(tmp_path):
     """`nmtkit run` (prepare, train, average, translate, score), then `info`, `translate`, `--dry-run`."""
     import json
 
-    from conftest import reversal_pairs, run_cli, tiny_recipe
+    from conftest import reversal_pairs, tiny_recipe
+    from support.cli import run_cli
 
     files = {}
     for split, pairs in (("train", reversal_pairs(200, 0, length=5)), ("dev", reversal_pairs(8, 1, length=5)),

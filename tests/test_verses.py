@@ -11,8 +11,8 @@ import pytest
 from nmtkit.data import verses
 from nmtkit.data.sources import sword
 from nmtkit.errors import ConfigError
-from tests.conftest import cli_in_process
 from tests.test_sources_sword import SWORD, needs_modules
+from support.cli import cli_in_process
 
 
 class FakeModule:

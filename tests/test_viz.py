@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import reversal_pairs, run_cli, tiny_recipe, write_prepared
+from conftest import reversal_pairs, tiny_recipe, write_prepared
 from nmtkit.config import ModelConfig, TrainConfig, from_dict
-from nmtkit.console import get_console
 from nmtkit.errors import ConfigError, NmtkitError
+from nmtkit.runtime.console import get_console
+from support.cli import run_cli
 
 pytest.importorskip("matplotlib")
 
@@ -120,12 +121,13 @@ def test_attention_is_targets_by_sources_and_rows_sum_to_one(sentence):
 
 def test_teacher_forced_maps_equal_the_search_attention(sentence):
     """The default map (last layer, mean of heads) is what decode_step reports step by step."""
+    from nmtkit.decoding.options import SearchSettings
     from nmtkit.decoding.search import beam_search
 
     loaded, att = sentence
     ids = loaded.src_vocab.encode("a b c d")
     src = torch.tensor([ids])
-    best = beam_search(loaded.model, src, src.ne(0), 2, need_attn=True)[0][0]
+    best = beam_search(loaded.model, src, src.ne(0), SearchSettings(beam_size=2, need_attn=True))[0][0]
     assert loaded.tgt_vocab.pieces(best.tokens) == att.target_pieces
     torch.testing.assert_close(att.matrix(), best.attention.float(), atol=1e-5, rtol=1e-5)
 
@@ -157,7 +159,7 @@ def test_attention_json_via_cli(tiny_run):
 def test_attention_translates_with_the_model_s_saved_decode_settings(tiny_run, tmp_path):
     """The maps are those of the translation `translate` gives: the model's saved length limit
     applies (here 2 pieces), and --target-lang is checked as translate checks it."""
-    from nmtkit.checksums import read_manifest, write_manifest
+    from nmtkit.storage.checksums import read_manifest, write_manifest
 
     model = tmp_path / "model"
     shutil.copytree(tiny_run / "best", model)

@@ -11,9 +11,10 @@ from nmtkit.config.loading import (apply_overrides, decode_config_from_dict, fro
                                    model_config_from_dict, save_config)
 from nmtkit.config.rules import NUMERIC_KEYS, estimated_parameters, validate
 from nmtkit.config.schema import (ARCH_KEYS, DECODE_SETTINGS, PRESETS, CleanConfig, Config, CorpusConfig, DataConfig,
-                                  DecodeConfig, ModelConfig, SourceConfig, TrainConfig, VocabConfig)
+                                  DecodeConfig, EvalConfig, ModelConfig, SourceConfig, TrainConfig,
+                                  VocabConfig)
 
 __all__ = ["ARCH_KEYS", "DECODE_SETTINGS", "NUMERIC_KEYS", "PRESETS", "CleanConfig", "Config", "CorpusConfig",
-           "DataConfig", "DecodeConfig", "ModelConfig", "SourceConfig", "TrainConfig", "VocabConfig",
+           "DataConfig", "DecodeConfig", "EvalConfig", "ModelConfig", "SourceConfig", "TrainConfig", "VocabConfig",
            "apply_overrides", "decode_config_from_dict", "estimated_parameters", "from_dict", "load_config",
            "model_config_from_dict", "save_config", "validate"]

@@ -15,13 +15,20 @@ from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import MAX_INT_DIGITS, MAX_RECIPE_BYTES, plain_copy, safe_yaml
 
 
+def _shown_choice(choice: Any) -> str:
+    """A Literal choice as a recipe writes it: true/false, "" for the empty string."""
+    if isinstance(choice, bool):
+        return str(choice).lower()
+    return '""' if choice == "" else str(choice)
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check/convert ``value`` to the field type, or raise a ConfigError naming ``key``."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
         choices = typing.get_args(annotation)
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(_shown_choice, choices))}")
         return value
     if annotation is bool:
         if isinstance(value, bool):
@@ -167,7 +174,7 @@ def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"recipe not found: {path}")
-        from nmtkit.files import read_regular
+        from nmtkit.storage.files import read_regular
 
         try:
             raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "recipe").decode("utf-8")) or {}
@@ -190,7 +197,7 @@ def save_config(cfg: Config, path: str | Path, only_ours: bool = False) -> None:
     user's recipe named config.yaml in ``workdir: .``) is not replaced."""
     import yaml
 
-    from nmtkit.files import refuse_foreign, write_text_if_changed
+    from nmtkit.storage.files import refuse_foreign, write_text_if_changed
 
     tree = _plain(cfg.to_dict())
     path = Path(path)
@@ -207,7 +214,7 @@ def _written_by_nmtkit(path: Path, tree: dict) -> bool:
     import yaml
 
     from nmtkit.errors import NmtkitError
-    from nmtkit.files import read_regular
+    from nmtkit.storage.files import read_regular
 
     try:
         text = read_regular(path, MAX_RECIPE_BYTES, what="saved config").decode("utf-8")

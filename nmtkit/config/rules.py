@@ -8,8 +8,8 @@ import dataclasses
 import re
 from typing import Any, Iterator, Optional
 
-from nmtkit.config.schema import (ARCH_KEYS, PRESETS, Config, DataConfig, ModelConfig, SourceConfig, VocabConfig,
-                                  field_types, section_type)
+from nmtkit.config.schema import (ARCH_KEYS, PRESETS, SCORE_METRICS, SPM_TRAINING_KEYS, Config, DataConfig,
+                                  EvalConfig, ModelConfig, SourceConfig, VocabConfig, field_types, section_type)
 from nmtkit.errors import ConfigError
 from nmtkit.limits import DEVICE_NAME, MAX_PARAMETERS, check_range
 
@@ -143,10 +143,23 @@ def _check_data(data: DataConfig) -> None:
 def _check_reused_vocab(vocab: VocabConfig) -> None:
     """With vocab.from no SentencePiece model is trained: its training-only settings would be ignored."""
     defaults = VocabConfig()
-    for key in ("character_coverage", "input_sentence_size", "input_bytes"):
+    for key in ("character_coverage", "input_sentence_size", "input_bytes", *SPM_TRAINING_KEYS):
         if vocab.from_ and getattr(vocab, key) != getattr(defaults, key):
             raise ConfigError(f"vocab.{key} applies when SentencePiece is trained, but vocab.from reuses "
                               f"the model(s) of {vocab.from_}; remove it")
+
+
+def _check_eval(evaluation: EvalConfig) -> None:
+    """eval.metrics names known metrics; comet needs its model directory (checked when it scores)."""
+    names = evaluation.metric_names()
+    unknown = [name for name in names if name not in SCORE_METRICS]
+    if unknown:
+        raise ConfigError(f"eval.metrics: unknown metric {unknown[0]!r} (choose from {', '.join(SCORE_METRICS)})")
+    if "comet" in names and not evaluation.comet_model:
+        raise ConfigError("eval.metrics names comet but eval.comet_model is empty: give a local COMET model "
+                          "directory (docs/languages.md says how to fetch one)")
+    if evaluation.comet_model and "comet" not in names:
+        raise ConfigError("eval.comet_model is set but eval.metrics does not name comet: add it, or remove the model")
 
 
 def estimated_parameters(cfg: Config) -> int:
@@ -179,6 +192,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
     _check_subword_sampling(cfg)
     _check_reused_vocab(cfg.vocab)
+    _check_eval(cfg.eval)
     if m.moe_experts and not 1 <= m.moe_top_k <= m.moe_experts:
         raise ConfigError(f"model.moe_top_k must be between 1 and model.moe_experts ({m.moe_experts}), "
                           f"got {m.moe_top_k}")

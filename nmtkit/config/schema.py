@@ -63,6 +63,11 @@ class DataConfig(SourceConfig):
     # src_lang / tgt_lang, which name the prepared files); dev and test come from the first corpus
     corpora: list[CorpusConfig] = field(default_factory=list)
     clean: CleanConfig = field(default_factory=CleanConfig)
+    # which split of the corpus into train / dev / test: 0 = the source's own (files and hf: their
+    # dev and test; sword: evenly spread verses); N > 0 re-draws dev and test at random with seed N
+    # at the same sizes, the rest for training (nmtkit/data/sources/resplit.py). Every corpus of
+    # data.corpora that has dev and test is re-drawn with it.
+    split_seed: int = 0
 
     def training_sources(self) -> list[CorpusConfig]:
         """The corpora with their languages filled in, or ``data`` itself as one untagged corpus."""
@@ -90,9 +95,28 @@ class VocabConfig:
     input_sentence_size: int = 2_000_000
     input_bytes: int = 150_000_000
     workers: int = 0  # encoding processes (0: one per CPU core)
+    # a character the training text never showed becomes its UTF-8 bytes (256 pieces of vocab.size)
+    # instead of <unk>, so it is translated or copied, never output as "⁇"; auto: on when vocab.size is
+    # at least BYTE_FALLBACK_MIN_SIZE (below, the bytes would crowd out the pieces); recipes written
+    # before this key existed meant false (LEGACY_VALUES)
+    byte_fallback: Literal["auto", True, False] = "auto"
+    # SentencePiece's text normalisation: nmt_nfkc (NFKC + whitespace rules, its default), nfkc,
+    # nmt_nfkc_cf (also case-folded: a lowercased model) or identity (the text as it is)
+    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "identity"] = "nmt_nfkc"
+    split_digits: bool = False  # every digit its own piece (numbers copied digit by digit)
     # reuse the SentencePiece model(s) of a model directory or a prepared directory instead of
     # training new ones (fine-tuning); type, size and joint must describe them (recipe key: vocab.from)
     from_: str = ""
+
+
+    def uses_byte_fallback(self) -> bool:
+        """Whether SentencePiece is trained with byte pieces (byte_fallback resolved)."""
+        if self.byte_fallback == "auto":
+            return self.size >= BYTE_FALLBACK_MIN_SIZE
+        return bool(self.byte_fallback)
+
+
+BYTE_FALLBACK_MIN_SIZE = 1024  # the 256 byte pieces then take at most a quarter of the vocabulary
 
 
 @dataclass
@@ -162,6 +186,9 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no epoch limit
     max_minutes: float = 0.0  # wall-clock budget (0: none); stops at the next step boundary
+    # training FLOPs budget (0: none), counted from the model's shapes per real token, forward + backward
+    # = 3 x forward (nmtkit/models/flops.py, docs/training.md, "Compute budgets"); stops at the first update that reaches it
+    max_flops: float = 0.0
     # noam (the paper) | inverse_sqrt | constant | cosine / linear (warm-up, then decay to 0 at max_steps)
     schedule: Literal["noam", "inverse_sqrt", "constant", "cosine", "linear"] = "noam"
     lr: float = 1.0  # noam: multiplier of d_model^-0.5 ...; inverse_sqrt/constant: peak lr
@@ -211,6 +238,45 @@ class DecodeConfig:
 
 DECODE_SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 
+# what `nmtkit score --metrics` and eval.metrics may name (comet: an optional extra)
+SCORE_METRICS = ("bleu", "chrf", "chrf++", "ter", "comet")
+# sacreBLEU's BLEU tokenizers (its -tok); flores101/flores200/spBLEU-1K are spBLEU's SentencePiece models
+SCORE_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flores101", "flores200", "spBLEU-1K",
+                    "none")
+# a target language (ISO 639-1 or -3, any region or script subtag) -> the tokenizer BLEU needs for it:
+# sacreBLEU's choices for the languages written without spaces between words; 13a for the others
+_LANGUAGE_TOKENIZERS = {"zh": "zh", "zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "lzh": "zh", "wuu": "zh",
+                        "ja": "ja-mecab", "jpn": "ja-mecab", "ko": "ko-mecab", "kor": "ko-mecab"}
+
+
+def default_tokenizer(lang: str) -> str:
+    """BLEU's tokenizer for text in ``lang`` (zh-Hant, ja_JP and jpn all count): zh, ja-mecab,
+    ko-mecab or 13a."""
+    primary = lang.replace("_", "-").split("-")[0].lower()
+    return _LANGUAGE_TOKENIZERS.get(primary, "13a")
+
+
+@dataclass
+class EvalConfig:
+    """How `nmtkit run`, dev BLEU in training and sweeps score: `nmtkit score`'s flags, so that
+    dev and test are scored alike (docs/languages.md)."""
+
+    # BLEU's tokenizer (sacreBLEU's -tok); "": chosen from data.tgt_lang (zh, ja-mecab, ko-mecab, else 13a)
+    tokenize: Literal[("",) + SCORE_TOKENIZERS] = ""
+    metrics: str = "bleu,chrf,ter"  # comma-separated: bleu, chrf, chrf++, ter, comet (BLEU is always computed)
+    lowercase: bool = False  # case-insensitive BLEU and chrF
+    comet_model: str = ""  # a local COMET model directory (checkpoints/model.ckpt), needed by comet
+    comet_batch_size: int = 16  # sentences per COMET forward pass
+
+    def tokenizer(self, tgt_lang: str) -> str:
+        """The tokenizer BLEU uses for references in ``tgt_lang``."""
+        return self.tokenize or default_tokenizer(tgt_lang)
+
+    def metric_names(self) -> list[str]:
+        """eval.metrics as a list, BLEU first whether named or not (tables and model choice need it)."""
+        names = [name.strip() for name in self.metrics.split(",") if name.strip()]
+        return list(dict.fromkeys(["bleu", *names]))
+
 
 @dataclass
 class Config:
@@ -221,6 +287,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def work_path(self) -> Path:
@@ -229,6 +296,23 @@ class Config:
     def to_dict(self) -> dict:
         """The config as a plain tree under its recipe keys (``vocab.from``, not ``from_``)."""
         return _recipe_keys(dataclasses.asdict(self))
+
+    @classmethod
+    def legacy_tree(cls) -> dict:
+        """The default config's tree with each key of LEGACY_VALUES at its old value: what a
+        setting recorded without that key means (saved run configs, manifests, sweep digests)."""
+        tree = cls().to_dict()
+        for section, values in LEGACY_VALUES.items():
+            tree[section].update(values)
+        return tree
+
+
+# Keys whose default differs from what nmtkit did before they existed: a recipe, run config,
+# manifest or sweep written before then lacks the key and meant this value. Old work therefore
+# keeps its meaning (and its prepared data), while a new recipe gets the new default.
+LEGACY_VALUES: dict[str, dict[str, Any]] = {"vocab": {"byte_fallback": False}}
+# the vocab keys that shape a trained SentencePiece model (a reused one, vocab.from, has its own)
+SPM_TRAINING_KEYS = ("byte_fallback", "normalization", "split_digits")
 
 
 def recipe_key(field_name: str) -> str:

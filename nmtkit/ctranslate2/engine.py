@@ -1,7 +1,7 @@
 """``nmtkit translate --engine ctranslate2``: decode a model exported by ``nmtkit export``.
 
 Everything around the search is shared with the torch engine: lines are read, encoded,
-batched by tokens, put back in order and written by ``Translator`` and ``translation.py``
+batched by tokens, put back in order and written by ``Translator`` and ``translate_files.py``
 (one output line per input line, atomic files, truncation warned once); only the search runs
 in CTranslate2, on our own SentencePiece ids (as pieces, one to one with its vocabulary).
 
@@ -31,15 +31,15 @@ from pathlib import Path
 
 import torch
 
+from nmtkit.config import ModelConfig
 from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
-from nmtkit.checksums import MANIFEST, read_manifest, verify
-from nmtkit.config import ModelConfig
 from nmtkit.errors import CheckpointError, ConfigError
-from nmtkit.files import read_regular
+from nmtkit.storage.files import read_regular
 from nmtkit.modeldir import plain_name, read_json
 from nmtkit.specials import BOS, EOS, PAD
+from nmtkit.storage.checksums import MANIFEST, read_manifest, verify
 
 COMPUTE_TYPES = {"auto": "default", "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 NO_CONSTRAINTS = ("--constraints needs the torch engine: CTranslate2 has no lexically constrained search "

@@ -33,11 +33,11 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, read_regular, replace_directory, temp_beside
 from nmtkit.modeldir import load_model_dir
 from nmtkit.models.positions import ROPE_BASE
+from nmtkit.storage.checksums import MANIFEST, write_manifest
+from nmtkit.storage.files import atomic_write_text, read_regular, replace_directory, temp_beside
 
 UNSUPPORTED = {  # setting -> why CTranslate2's TransformerSpec cannot hold it (ctranslate2 4.x)
     "positions=alibi": "its TransformerEncoderSpec has no ALiBi (only its decoder does)",
@@ -181,7 +181,7 @@ def export_dir_problem(path: Path) -> Optional[str]:
 def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: Optional[str] = None) -> Path:
     """Write ``model_dir`` as a CTranslate2 model directory ``out_dir`` (atomically: a temp
     sibling renamed into place). ``quantization`` None keeps float32 weights."""
-    from nmtkit.outputs import check_output_dir
+    from nmtkit.storage.outputs import check_output_dir
 
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")

@@ -29,10 +29,11 @@ def training_only(source, first: bool) -> bool:
             and not {"dev", "test"} & set(source.files))
 
 
-def read_source(source, first: bool, index: Optional[int] = None) -> Corpus:
-    """``source`` read; ``index``: its place in data.corpora, named by its errors."""
+def read_source(source, first: bool, index: Optional[int] = None, split_seed: int = 0) -> Corpus:
+    """``source`` read, its dev and test re-drawn when ``split_seed`` > 0; ``index``: its place in
+    data.corpora, named by its errors."""
     with _named(index):
-        return files.read(source, ("train",)) if training_only(source, first) else read_corpus(source)
+        return files.read(source, ("train",)) if training_only(source, first) else read_corpus(source, split_seed)
 
 
 def source_fingerprint(source, first: bool, index: Optional[int] = None) -> dict:
@@ -64,7 +65,7 @@ class CorpusStream:
     def __init__(self, data) -> None:
         self.sources = data.training_sources()
         indexed = bool(data.corpora)
-        self.corpora = [read_source(source, first=i == 0, index=i if indexed else None)
+        self.corpora = [read_source(source, first=i == 0, index=i if indexed else None, split_seed=data.split_seed)
                         for i, source in enumerate(self.sources)]
         self.tags = sorted({source.tag for source in self.sources if source.tag})
         for source, corpus in zip(self.sources, self.corpora):

@@ -14,27 +14,37 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from nmtkit.data.ids import ParallelIds
-from nmtkit.files import atomic_write_text, read_json_dict, sha256_file
+from nmtkit.storage.files import atomic_write_text, read_json_dict, sha256_file
 
 
 def prepared_settings(cfg) -> dict:
     """The recipe settings prepared/ is made from: ``data`` (without the corpora's weights,
-    which training applies) and ``vocab`` (without ``workers``, a speed). ``prepare`` records
-    them in manifest.json; ``train`` refuses a recipe that asks for others, which it would
+    which training applies) and ``vocab`` (without ``workers``, a speed; with ``vocab.from``
+    also without the SentencePiece training keys, which the reused models decide). ``prepare``
+    records them in manifest.json; ``train`` refuses a recipe that asks for others, which it would
     otherwise accept and silently ignore (``train r.yaml vocab.size=4000`` on an 8k prepare)."""
+    from nmtkit.config.schema import SPM_TRAINING_KEYS
+
     tree = cfg.to_dict()
     data = {**tree["data"], "corpora": [{k: v for k, v in c.items() if k != "weight"} for c in tree["data"]["corpora"]]}
-    return {"data": data, "vocab": {k: v for k, v in tree["vocab"].items() if k != "workers"}}
+    unused = {"workers", *(SPM_TRAINING_KEYS if tree["vocab"]["from"] else ())}
+    return {"data": data, "vocab": {k: v for k, v in tree["vocab"].items() if k not in unused}}
 
 
 def with_defaults(recorded: dict) -> dict:
-    """Recorded settings with the keys an older nmtkit did not have at their defaults (so a key
-    added later is not a difference)."""
+    """Recorded settings with the keys an older nmtkit did not have at the values it used then
+    (defaults, or ``LEGACY_VALUES`` where a default changed), so a key added later is not a
+    difference and one whose default changed is compared with what was really done."""
     import dataclasses
 
     from nmtkit.config import Config, CorpusConfig
+    from nmtkit.config.schema import SPM_TRAINING_KEYS
 
-    defaults = prepared_settings(Config())
+    legacy = Config.legacy_tree()
+    defaults = {"data": legacy["data"], "vocab": {k: v for k, v in legacy["vocab"].items() if k != "workers"}}
+    vocab = recorded.get("vocab")
+    if isinstance(vocab, dict) and vocab.get("from"):  # the reused models decide these: not recorded
+        defaults["vocab"] = {k: v for k, v in defaults["vocab"].items() if k not in SPM_TRAINING_KEYS}
     corpus = {k: v for k, v in dataclasses.asdict(CorpusConfig()).items() if k != "weight"}
 
     def merge(default, value):

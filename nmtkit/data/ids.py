@@ -25,9 +25,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from nmtkit.checksums import verify
 from nmtkit.errors import DataError
-from nmtkit.files import atomic_open, temp_beside
+from nmtkit.storage.checksums import verify
+from nmtkit.storage.files import atomic_open, temp_beside
 
 ARRAYS = ("src", "src_offsets", "tgt", "tgt_offsets")
 CORPUS = "corpus"  # the optional fifth array

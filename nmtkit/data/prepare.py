@@ -11,7 +11,7 @@ Work-dir layout (training, translation and scoring rely on it):
       {train,dev,test}.npz           token ids (nmtkit.data.ids), memory-mapped by `train`
       manifest.json                  source, provenance, line counts and sha256 per file (of
                                      the text, for .gz), cleaning counts, vocab sizes, token counts
-      checksums.json                 size and sha256 of every file above (nmtkit.checksums);
+      checksums.json                 size and sha256 of every file above (nmtkit.storage.checksums);
                                      readers verify what they read against it
       stamps/{fetch,spm,encode}.json what each step was made from
 
@@ -48,21 +48,21 @@ from pathlib import Path
 
 import numpy as np
 
-from nmtkit.checksums import MANIFEST, write_manifest
 from nmtkit.config import Config, save_config
 from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder, Tally, encode_split
-from nmtkit.data.ids import SplitWriter
 from nmtkit.data.identity import changes, identity, prepared_settings, read_record
-from nmtkit.data.summary import counts_text, print_summary
+from nmtkit.data.ids import SplitWriter
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
+from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
 from nmtkit.data.vocab import Vocab, reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import atomic_open, exclusive, sha256_file, write_text_if_changed
+from nmtkit.storage.checksums import MANIFEST, write_manifest
+from nmtkit.storage.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
@@ -155,14 +155,15 @@ def _warn_if_a_run_is_left_behind(cfg: Config, out: Path, console) -> None:
 
 def _fetch_inputs(cfg: Config) -> dict:
     data = cfg.data
+    split = {"split_seed": data.split_seed} if data.split_seed else {}  # split 0 keeps the stamps it had
     if data.corpora:
         corpora = [{"name": c.name, "tag": c.tag, "source": c.source, "langs": [c.src_lang, c.tgt_lang],
                     "max_train_pairs": c.max_train_pairs, "input": source_fingerprint(c, first=i == 0, index=i)}
                    for i, c in enumerate(data.training_sources())]
         return {"format": FORMAT, "langs": [data.src_lang, data.tgt_lang], "dedup": data.clean.dedup,
-                "corpora": corpora}
+                "corpora": corpora, **split}
     return {"format": FORMAT, "source": data.source, "langs": [data.src_lang, data.tgt_lang],
-            "max_train_pairs": data.max_train_pairs, "dedup": data.clean.dedup, "input": fingerprint(data)}
+            "max_train_pairs": data.max_train_pairs, "dedup": data.clean.dedup, "input": fingerprint(data), **split}
 
 
 def _fetch(cfg: Config, out: Path, console) -> tuple[dict, list[str]]:
@@ -211,12 +212,23 @@ def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     else:
         settings = {key: getattr(vocab, key) for key in ("type", "size", "joint", "character_coverage",
                                                          "input_sentence_size")}
+        settings.update(_spm_options(vocab, changed_only=True))
         train = {name: fetch["files"][name]["sha256"] for name in _fetched_train(cfg.data)}
         capped = _byte_capped_samples(cfg, fetch, out)
         if capped:  # recorded only where the byte cap binds, so stamps of smaller corpora stay as they were
             settings["sample_lines"] = capped
         inputs = {"format": FORMAT, "vocab": settings, "train": train}
     return {**inputs, "tags": cfg.data.tags} if cfg.data.tags else inputs  # reserved pieces of the source model
+
+
+def _spm_options(vocab, changed_only: bool = False) -> dict:
+    """SentencePiece's byte_fallback, normalization and split_digits as the recipe resolves them;
+    ``changed_only``: only those that differ from what SentencePiece did before nmtkit had the keys,
+    so the stamps of a directory prepared then still match (its spm step is not redone)."""
+    options = {"byte_fallback": vocab.uses_byte_fallback(), "normalization": vocab.normalization,
+               "split_digits": vocab.split_digits}
+    before = {"byte_fallback": False, "normalization": "nmt_nfkc", "split_digits": False}
+    return {key: value for key, value in options.items() if not changed_only or value != before[key]}
 
 
 def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, list[str]]:
@@ -227,7 +239,8 @@ def _make_vocab(cfg: Config, out: Path, fetch: dict, console) -> tuple[dict, lis
             path.unlink(missing_ok=True)
     models = _reuse_vocab(cfg, out) if vocab.from_ else _train_vocab(cfg, out, fetch, console)
     report = {"type": vocab.type, "joint": vocab.joint,
-              "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models}}
+              "models": {name: {"size": len(Vocab(out / name)), "sha256": sha256_file(out / name)} for name in models},
+              "byte_fallback": all(Vocab(out / name).byte_fallback for name in models)}
     if vocab.from_:
         report["from"] = str(Path(vocab.from_).expanduser().resolve())
     return report, [file for name in models for file in (name, str(Path(name).with_suffix(".vocab")))
@@ -248,7 +261,8 @@ def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
         large = min(total, lines or total) >= Encoder.MIN_PARALLEL_LINES
         with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
             train_spm(sample, out / name, vocab.size, vocab.type, vocab.character_coverage,
-                      lines, reserved=data.tags if name == src_name else (), in_subprocess=large)
+                      lines, reserved=data.tags if name == src_name else (), in_subprocess=large,
+                      **_spm_options(vocab))
     return list(jobs)
 
 
@@ -362,6 +376,7 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
         "vocab": {"type": spm["type"], "joint": spm["joint"],
                   "size": {"src": spm["models"][src_name]["size"], "tgt": spm["models"][tgt_name]["size"]},
                   "models": {name: info["sha256"] for name, info in spm["models"].items()},
+                  **({"byte_fallback": spm["byte_fallback"]} if "byte_fallback" in spm else {}),
                   **({"from": spm["from"]} if "from" in spm else {})},
         "tokens": encoded["tokens"],
         "settings": prepared_settings(cfg),  # what `train` checks its recipe against

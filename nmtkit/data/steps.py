@@ -8,7 +8,7 @@ the step touches its outputs and written after they are complete, so an interrup
 redone. A stamp carries a sha256 of its content: a damaged one makes its step run again.
 An output a later step has used up can be deleted with ``consume``: the stamp then records it
 absent, so the step still counts as done (a caller that needs the output again forces the step).
-The caller holds DIR's lock (``nmtkit.files.exclusive``).
+The caller holds DIR's lock (``nmtkit.storage.files.exclusive``).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from nmtkit.checksums import MANIFEST
-from nmtkit.files import atomic_write_text, read_json_dict
+from nmtkit.storage.checksums import MANIFEST
+from nmtkit.storage.files import atomic_write_text, read_json_dict
 
 
 def run_step(out: Path, name: str, inputs: dict, work: Callable[[], tuple[dict, list[str]]],

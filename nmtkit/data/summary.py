@@ -33,10 +33,11 @@ def print_summary(console, manifest: dict, status: dict, out: Path) -> None:
     vocab = manifest["vocab"]
     sizes = vocab["size"]
     size_text = f"{sizes['src']:,}" if vocab["joint"] else f"{sizes['src']:,} src / {sizes['tgt']:,} tgt"
-    console.info(f"vocab: {vocab['type']}, {'joint' if vocab['joint'] else 'separate'}, {size_text} pieces" +
+    fallback = {True: ", byte fallback", False: ", no byte fallback"}.get(vocab.get("byte_fallback"), "")
+    console.info(f"vocab: {vocab['type']}, {'joint' if vocab['joint'] else 'separate'}, {size_text} pieces{fallback}" +
                  (f" (reused from {vocab['from']})" if "from" in vocab else ""))
     unknown = manifest.get("unknown", {})
-    if "from" in vocab or any(count for sides in unknown.values() for count in sides.values()):
+    if unknown:  # every split, zeros too: "none unknown" is worth knowing for a new script
         console.info("unknown pieces (<unk>): " + ", ".join(
             f"{split} {sides['src']:,} src / {sides['tgt']:,} tgt" for split, sides in unknown.items()))
     console.info("steps: " + ", ".join(f"{name} {state}" for name, state in status.items()))

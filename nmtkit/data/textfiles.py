@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator, Optional, Sequence
 
 from nmtkit.data.sources.corpus import Pair
-from nmtkit.files import atomic_open
+from nmtkit.storage.files import atomic_open
 
 GZIP_LEVEL = 1
 _BREAKS_BUT_NEWLINE = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # and \n: what splitlines() splits on

@@ -14,8 +14,8 @@ from pathlib import Path
 from nmtkit.data.ids import prepared_file
 from nmtkit.data.sources import sword
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import read_json_dict
-from nmtkit.outputs import check_output_file, open_output
+from nmtkit.storage.files import read_json_dict
+from nmtkit.storage.outputs import check_output_file, open_output
 
 
 def heldout_refs(prepared: Path) -> tuple[set[str], set[str]]:

@@ -13,10 +13,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from nmtkit.checksums import verify
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import shown_path
 from nmtkit.specials import EOS, PAD, SPM_SPECIAL_IDS, UNK
+from nmtkit.storage.checksums import verify
+from nmtkit.storage.files import shown_path
 
 TARGET_TAG = re.compile(r"<2[^\s>]+>")  # a target-language tag: <2es> asks for Spanish
 
@@ -144,6 +144,11 @@ class Vocab:
                 out.append(self.sp.IdToPiece(i).replace("\u2581", " "))
         return out
 
+    @property
+    def byte_fallback(self) -> bool:
+        """Whether the model has the byte pieces <0x00>..<0xFF>: unseen characters become bytes, not <unk>."""
+        return bool(self.sp.IsByte(self.sp.PieceToId("<0x00>")))
+
     def normalize(self, text: str) -> str:
         """The text as SentencePiece normalises it (what decode(encode(x)) returns)."""
         return self.sp.DecodeIds(self.sp.EncodeAsIds(text))
@@ -156,9 +161,14 @@ def spm_files(joint: bool) -> tuple[str, str]:
 
 def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, model_type: str = "unigram",
               character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1,
-              reserved: Sequence[str] = (), in_subprocess: bool = False) -> None:
+              reserved: Sequence[str] = (), in_subprocess: bool = False, byte_fallback: bool = False,
+              normalization: str = "nmt_nfkc", split_digits: bool = False) -> None:
     """Train a SentencePiece model on ``texts`` and write ``model_path`` atomically. ``reserved``
     pieces (corpus tags) are user-defined symbols: always one piece, never split or merged.
+    ``byte_fallback`` adds the 256 byte pieces <0x00>..<0xFF> (they count in ``vocab_size``):
+    a character outside the learned pieces is encoded as its UTF-8 bytes instead of <unk>, and
+    decoded back to itself. ``normalization`` is SentencePiece's rule name; ``split_digits``
+    makes every digit its own piece.
 
     ``vocab_size`` is a hard limit: SentencePiece fails on small corpora that cannot fill
     it, and we turn that into a one-line error suggesting a smaller ``vocab.size``.
@@ -167,7 +177,9 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
+    # resolved: SentencePiece splits its input list on commas, and a sweep's run directory (a
+    # linked prepared/ inside variants/NAME,seed=1,split=0/) has them where the shared one has none
+    with tempfile.TemporaryDirectory(dir=model_path.parent.resolve()) as tmp:
         corpus = Path(tmp) / "corpus.txt"
         with open(corpus, "w", encoding="utf-8") as handle:
             for line in texts:
@@ -177,6 +189,7 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
         options = dict(input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
                        character_coverage=character_coverage, input_sentence_size=input_sentence_size,
                        shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1,
+                       byte_fallback=byte_fallback, normalization_rule_name=normalization, split_digits=split_digits,
                        **SPM_SPECIAL_IDS, **({"user_defined_symbols": list(reserved)} if reserved else {}))
         try:
             if in_subprocess:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from nmtkit.errors import DataError
-from nmtkit.files import read_lines
+from nmtkit.storage.files import read_lines
 
 CONSTRAINTS_EXAMPLE = '["first term", "second term"]'
 

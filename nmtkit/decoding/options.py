@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import Union
 
 from nmtkit.config import DECODE_SETTINGS, DecodeConfig
 from nmtkit.errors import ConfigError
@@ -82,3 +83,35 @@ class TranslateOptions(DecodeConfig):
             problems.append(f"--nbest {self.nbest} needs --beam-size >= {self.nbest}")
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+CALL_DEFAULTS = TranslateOptions()  # where SearchSettings reads its defaults: one home, not restated
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Everything a search (beam, greedy, sampling) is asked for, as one value bound once:
+    the beam and length rules of ``DecodeConfig`` and the n-best and sampling settings of
+    ``TranslateOptions``, whose defaults these are. ``need_attn``: collect attention for
+    alignments; ``seed`` seeds sampling when no generator is given."""
+
+    beam_size: int = CALL_DEFAULTS.beam_size
+    nbest: int = CALL_DEFAULTS.nbest
+    lenpen: float = CALL_DEFAULTS.lenpen
+    max_len_a: float = CALL_DEFAULTS.max_len_a
+    max_len_b: int = CALL_DEFAULTS.max_len_b
+    min_len: int = CALL_DEFAULTS.min_len
+    need_attn: bool = CALL_DEFAULTS.alignments
+    topk: int = CALL_DEFAULTS.topk
+    topp: float = CALL_DEFAULTS.topp
+    temperature: float = CALL_DEFAULTS.temperature
+    seed: int = CALL_DEFAULTS.seed
+
+    @classmethod
+    def of(cls, settings: Union[DecodeConfig, TranslateOptions], **overrides) -> "SearchSettings":
+        """The search settings a recipe's decode section or a translate call's options hold
+        (``alignments`` asks for attention), with ``overrides`` on top."""
+        own = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls) if hasattr(settings, f.name)}
+        if isinstance(settings, TranslateOptions):
+            own["need_attn"] = settings.alignments
+        return cls(**{**own, **overrides})

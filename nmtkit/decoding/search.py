@@ -32,12 +32,12 @@ import torch
 from torch import Tensor
 
 from nmtkit.decoding.constraints import LexicalConstraints
-from nmtkit.decoding.options import TranslateOptions
+from nmtkit.decoding.options import SearchSettings
 from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
-DECODE = TranslateOptions()  # every decode default has one home: DecodeConfig (recipe), TranslateOptions (call)
+DEFAULT = SearchSettings()  # its defaults are DecodeConfig's and TranslateOptions' (decoding/options.py)
 
 
 @dataclass
@@ -112,12 +112,12 @@ class Prefixes:
         return torch.where(forcing[:, None], forced, allowed)
 
 
-def prefixed_limits(model: Seq2Seq, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
+def prefixed_limits(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: SearchSettings,
                     prefixes: Optional[Sequence[Sequence[int]]]) -> tuple[Tensor, Optional[Prefixes]]:
     """[B] output length limits (``output_limits``, raised to fit each prefix) and the batch's
     ``Prefixes`` (None without prefixes)."""
     forced = Prefixes(prefixes, src.device) if prefixes is not None else None
-    limits = output_limits(src, src_mask, max_len_a, max_len_b, model.max_positions,
+    limits = output_limits(src, src_mask, settings.max_len_a, settings.max_len_b, model.max_positions,
                            None if forced is None else forced.lengths)
     if forced is not None:
         forced.fit(limits)
@@ -219,11 +219,11 @@ def beam_step(scores: Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @torch.inference_mode()
-def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, lenpen: float = DECODE.lenpen,
-                max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b, min_len: int = DECODE.min_len,
-                nbest: int = DECODE.nbest, need_attn: bool = False, prefixes: Optional[Sequence[Sequence[int]]] = None,
+def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: SearchSettings = DEFAULT,
+                prefixes: Optional[Sequence[Sequence[int]]] = None,
                 constraints: Optional[Sequence[Sequence[Sequence[int]]]] = None) -> list[list[Hypothesis]]:
-    """Beam search for a batch src [B, S]; per sentence up to ``nbest`` hypotheses, best first.
+    """Beam search for a batch src [B, S]; per sentence up to ``settings.nbest`` hypotheses,
+    best first (``settings``: beam_size, nbest, lenpen, length limits, need_attn).
 
     All sentences and beams advance together as ``B * beam`` decoder rows. Each step takes
     the top ``2 * beam`` extensions per sentence (with ``constraints``: in the order of
@@ -239,11 +239,12 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
     Hypotheses forced to end by the limit before meeting their constraints are kept apart and
     returned only after every hypothesis that met them.
     """
-    if nbest > beam_size:
-        raise ValueError(f"nbest {nbest} > beam size {beam_size}")
+    beam, nbest, lenpen, need_attn = settings.beam_size, settings.nbest, settings.lenpen, settings.need_attn
+    if nbest > beam:
+        raise ValueError(f"nbest {nbest} > beam size {beam}")
     batch, src_len = src.shape
-    beam, device = beam_size, src.device
-    limits, forced = prefixed_limits(model, src, src_mask, max_len_a, max_len_b, prefixes)
+    device = src.device
+    limits, forced = prefixed_limits(model, src, src_mask, settings, prefixes)
     lexical = LexicalConstraints(constraints, beam, device) if constraints is not None else None
     enc = model.encode(src, src_mask)
     state = model.init_state(enc, beam)
@@ -257,7 +258,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
         n = sent.numel()
         logits, state = model.decode_step(tokens[:, -1], enc, state, need_attn)
         row_sentence = sent.repeat_interleave(beam)
-        lprobs = step_logprobs(logits, step, min_len, limits[row_sentence], row_sentence, forced, lexical)
+        lprobs = step_logprobs(logits, step, settings.min_len, limits[row_sentence], row_sentence, forced, lexical)
         top_scores, origin, token = beam_step(scores, lprobs)
         complete = None  # with constraints: which candidates have met them all
         if lexical is not None:
@@ -274,7 +275,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
         live = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]
         scores = top_scores.gather(1, live)
         rows, next_tokens = origin_rows.gather(1, live), token.gather(1, live)
-        done = _sentences_done(finished, sent, scores, limits, step, beam, nbest, lenpen)
+        done = _sentences_done(finished, sent, scores, limits, step, settings)
         if bool(done.all()):
             break
         keep = (~done).nonzero().squeeze(1) if bool(done.any()) else None
@@ -291,9 +292,10 @@ def beam_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, beam_size: int, l
     return finished.results(src_mask, nbest)
 
 
-def _sentences_done(finished: _Finished, sent: Tensor, scores: Tensor, limits: Tensor, step: int, beam: int,
-                    nbest: int, lenpen: float) -> Tensor:
+def _sentences_done(finished: _Finished, sent: Tensor, scores: Tensor, limits: Tensor, step: int,
+                    settings: SearchSettings) -> Tensor:
     """Which sentences of the batch stop after ``step``: rules (1)-(3) of ``beam_search``."""
+    beam, nbest, lenpen = settings.beam_size, settings.nbest, settings.lenpen
     best = scores.max(1).values  # scores[:, 0] but with constraints, whose order is not by score
     done = finished.count[sent].ge(beam) | limits[sent].le(step) | ~best.isfinite()
     bound = best / length_penalty(limits[sent], lenpen).clamp(min=length_penalty(step + 1, lenpen))
@@ -302,13 +304,14 @@ def _sentences_done(finished: _Finished, sent: Tensor, scores: Tensor, limits: T
 
 @torch.inference_mode()
 def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Callable[[Tensor], Tensor],
-                      rows_per_sentence: int, lenpen: float, max_len_a: float, max_len_b: int, min_len: int,
-                      need_attn: bool, prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+                      rows_per_sentence: int, settings: SearchSettings,
+                      prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
     """Extend each of ``rows_per_sentence`` rows per sentence by ``choose(lprobs [rows, V]) -> [rows]``
-    until EOS; no reordering. Greedy and sampling are this loop with different choices."""
+    until EOS; no reordering. Greedy and sampling are this loop with different choices
+    (``settings``: lenpen, length limits, need_attn; its beam and sampling fields are not read)."""
     batch, src_len = src.shape
-    per, device = rows_per_sentence, src.device
-    limits, forced = prefixed_limits(model, src, src_mask, max_len_a, max_len_b, prefixes)
+    per, device, need_attn = rows_per_sentence, src.device, settings.need_attn
+    limits, forced = prefixed_limits(model, src, src_mask, settings, prefixes)
     max_len, row_limits = int(limits.max()), limits.repeat_interleave(per)
     enc = model.encode(src, src_mask)
     state = model.init_state(enc, per)
@@ -322,7 +325,7 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
     prev = torch.full((total,), BOS, dtype=torch.long, device=device)
     for step in range(max_len + 1):
         logits, state = model.decode_step(prev, enc, state, need_attn)
-        lprobs = step_logprobs(logits, step, min_len, row_limits[row_ids], row_ids // per, forced, None)
+        lprobs = step_logprobs(logits, step, settings.min_len, row_limits[row_ids], row_ids // per, forced, None)
         token = torch.where(ended, EOS, choose(lprobs))
         logprobs[row_ids] += torch.where(ended, 0.0, lprobs.gather(1, token[:, None]).squeeze(1))
         growing = ~ended & token.ne(EOS)
@@ -340,7 +343,7 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
             rows = (keep[:, None] * per + torch.arange(per, device=device)).reshape(-1)
             enc, state = enc.select(keep), state.select(rows)
             row_ids, ended, prev = row_ids[rows], ended[rows], prev[rows]
-    scores = logprobs / length_penalty(lengths, lenpen)
+    scores = logprobs / length_penalty(lengths, settings.lenpen)
     results = []
     for b in range(batch):
         hyps = []
@@ -352,17 +355,15 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
     return results
 
 
-def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, lenpen: float = DECODE.lenpen,
-                  max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
-                  min_len: int = DECODE.min_len, need_attn: bool = False,
+def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: SearchSettings = DEFAULT,
                   prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
-    """The most likely piece at every step (identical tokens to beam_search with beam 1)."""
-    return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, lenpen, max_len_a,
-                             max_len_b, min_len, need_attn, prefixes)
+    """The most likely piece at every step (identical tokens to beam_search with beam 1);
+    ``settings.beam_size`` and ``nbest`` are not read."""
+    return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, settings, prefixes)
 
 
-def sampling_choice(generator: torch.Generator, topk: int = DECODE.topk, topp: float = DECODE.topp,
-                    temperature: float = DECODE.temperature) -> Callable[[Tensor], Tensor]:
+def sampling_choice(generator: torch.Generator, topk: int = DEFAULT.topk, topp: float = DEFAULT.topp,
+                    temperature: float = DEFAULT.temperature) -> Callable[[Tensor], Tensor]:
     """A ``choose`` that samples from the model distribution sharpened by ``temperature``,
     restricted to the ``topk`` most likely pieces (0: all) and to the smallest set whose
     probability reaches ``topp`` (nucleus sampling, Holtzman et al. 2020)."""
@@ -383,21 +384,17 @@ def sampling_choice(generator: torch.Generator, topk: int = DECODE.topk, topp: f
     return choose
 
 
-def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, seed: int = DECODE.seed, topk: int = DECODE.topk,
-           topp: float = DECODE.topp, temperature: float = DECODE.temperature, nbest: int = DECODE.nbest,
-           lenpen: float = DECODE.lenpen,
-           max_len_a: float = DECODE.max_len_a, max_len_b: int = DECODE.max_len_b,
-           min_len: int = DECODE.min_len, need_attn: bool = False,
+def sample(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: SearchSettings = DEFAULT,
            generator: Optional[torch.Generator] = None,
            prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
-    """``nbest`` independent samples per sentence (best score first), reproducible under
-    ``seed`` (or a caller's ``generator``, on src's device, for a stream over many batches).
-    Scores use the untempered model probabilities."""
-    if temperature <= 0 or not 0 < topp <= 1 or topk < 0:
-        raise ValueError(f"bad sampling settings: temperature {temperature}, topp {topp}, topk {topk}")
+    """``settings.nbest`` independent samples per sentence (best score first), reproducible
+    under ``settings.seed`` (or a caller's ``generator``, on src's device, for a stream over
+    many batches); ``beam_size`` is not read. Scores use the untempered model probabilities."""
+    s = settings
+    if s.temperature <= 0 or not 0 < s.topp <= 1 or s.topk < 0:
+        raise ValueError(f"bad sampling settings: temperature {s.temperature}, topp {s.topp}, topk {s.topk}")
     if generator is None:
         generator = torch.Generator(device=src.device)
-        generator.manual_seed(seed)
-    choose = sampling_choice(generator, topk, topp, temperature)
-    return sequential_search(model, src, src_mask, choose, nbest, lenpen, max_len_a, max_len_b, min_len, need_attn,
-                             prefixes)
+        generator.manual_seed(s.seed)
+    choose = sampling_choice(generator, s.topk, s.topp, s.temperature)
+    return sequential_search(model, src, src_mask, choose, s.nbest, s, prefixes)

@@ -18,11 +18,12 @@ from typing import Callable, Sequence
 import torch
 
 from nmtkit.decoding.ensemble import EnsembleModel
+from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sample
-from nmtkit.device import resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
-from nmtkit.files import sha256_file
 from nmtkit.models.base import Seq2Seq
+from nmtkit.runtime.device import resolve_device, resolve_dtype
+from nmtkit.storage.files import sha256_file
 
 
 def inference_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -127,15 +128,13 @@ class TorchEngine:
 def bind_search(o, generator: torch.Generator) -> Callable[..., list[list[Hypothesis]]]:
     """The search ``o`` (TranslateOptions) asks for, with all its settings bound once:
     ``search(model, src, src_mask)``."""
-    common = dict(lenpen=o.lenpen, max_len_a=o.max_len_a, max_len_b=o.max_len_b, min_len=o.min_len,
-                  need_attn=o.alignments)
+    settings = SearchSettings.of(o)
     if o.sample:
-        return functools.partial(sample, topk=o.topk, topp=o.topp, temperature=o.temperature, nbest=o.nbest,
-                                 generator=generator, **common)
-    beam = functools.partial(beam_search, beam_size=o.beam_size, nbest=o.nbest, **common)
+        return functools.partial(sample, settings=settings, generator=generator)
+    beam = functools.partial(beam_search, settings=settings)
     if o.beam_size > 1:
         return beam
-    greedy = functools.partial(greedy_search, **common)
+    greedy = functools.partial(greedy_search, settings=settings)
 
     def greedy_unless_constrained(model, src, src_mask, constraints=None, **targets):
         """Greedy search; a batch with constraints takes beam search of beam 1 (the same

@@ -5,10 +5,11 @@ batches, searched by an engine, put back in input order and detokenised. Empty a
 whitespace-only lines give empty translations without running the model; lines over the
 model's positions are truncated (one warning counts them). A line may come with a target
 prefix and constraints (``guides.py``); a batch holding none of them runs the plain search.
-Files and streams: ``nmtkit/translation.py``.
+Files and streams: ``nmtkit/translate_files.py``.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from nmtkit.data.vocab import target_tag, with_tag
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.batching import pad_sources, token_batches
-from nmtkit.decoding.cost import check_search_cost, split_by_cost
+from nmtkit.decoding.cost import check_search_cost, estimate_search_bytes, split_by_cost
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
@@ -66,12 +67,14 @@ class Translator:
         sources = self.encode(lines)
         targets = target_ids(self.tgt_vocab, guides) if guides is not None and any(guides) else None
         todo = [i for i, ids in enumerate(sources) if ids]
-        pieces = self.constraint_pieces(targets, todo, first_index)
+        pieces = self.constraint_pieces(targets, todo, sources, first_index)
         results: dict[int, list[Hypothesis]] = {}
         rows = opts.nbest if opts.sample else opts.beam_size
         for batch in token_batches([len(sources[i]) for i in todo], opts.batch_tokens, rows):
             positions = [todo[i] for i in batch]
-            for positions in split_by_cost(positions, pieces, opts.beam_size) if any(pieces.values()) else [positions]:
+            calls = [positions] if not any(pieces.get(i) for i in positions) else \
+                split_by_cost(positions, lambda group: self.search_cost(group, sources, pieces), pieces.__getitem__)
+            for positions in calls:
                 src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
                 with torch.inference_mode():
                     found = self.engine.search(src, src_mask, **batch_targets(targets, positions))
@@ -84,15 +87,28 @@ class Translator:
         return sources, [results.get(i) or [Hypothesis([], 0.0, 0.0)] for i in range(len(lines))]
 
     def constraint_pieces(self, targets: Optional[tuple[list, list]], todo: Sequence[int],
-                          first_index: int) -> dict[int, int]:
-        """The constraint pieces of each line to search (position -> count), every line checked
-        against the search's memory bound on its own (``cost.check_search_cost``)."""
+                          sources: Sequence[Sequence[int]], first_index: int) -> dict[int, int]:
+        """The constraint pieces of each line to search (position -> count), every constrained
+        line checked against the search bound on its own (``cost.check_search_cost``) before
+        any search runs."""
         if targets is None:
             return {}
         pieces = {i: sum(len(phrase) for phrase in targets[1][i]) for i in todo}
         for i in todo:
-            check_search_cost(self.options.beam_size, pieces[i], what=f"line {first_index + i + 1}")
+            if pieces[i]:
+                check_search_cost(self.search_cost([i], sources, pieces), f"line {first_index + i + 1}", pieces[i],
+                                  self.options.beam_size)
         return pieces
+
+    def search_cost(self, group: Sequence[int], sources: Sequence[Sequence[int]], pieces: dict[int, int]) -> int:
+        """Peak bytes of one search call over the lines ``group`` (``cost.estimate_search_bytes``)."""
+        o = self.options
+        longest = max(len(sources[i]) for i in group)
+        output = math.floor(o.max_len_a * longest + o.max_len_b)
+        if self.engine.max_positions:
+            output = min(output, self.engine.max_positions - 1)
+        return estimate_search_bytes(len(group), longest, output, o.nbest if o.sample else o.beam_size,
+                                     len(self.tgt_vocab), max(pieces[i] for i in group), o.alignments)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids per line ([] for blank lines), cut to ``input_limit`` pieces. A line far

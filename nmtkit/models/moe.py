@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmtkit.config import ModelConfig
 from nmtkit.models.layers import FeedForward
 
 
@@ -112,7 +113,7 @@ def is_moe_layer(index: int, every: int) -> bool:
     return index % every == every - 1
 
 
-def make_ffn(cfg, index: int, stack: str) -> nn.Module:
+def make_ffn(cfg: ModelConfig, index: int, stack: str) -> nn.Module:
     """Layer ``index`` of ``stack``'s feed-forward block: dense, or MoE where ``cfg`` asks."""
     if cfg.moe_experts and is_moe_layer(index, cfg.moe_every):
         return MoEFeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, cfg.activation_dropout, cfg.moe_experts,

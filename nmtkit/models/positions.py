@@ -63,16 +63,24 @@ def alibi_bias(slopes: Tensor, query_positions: Tensor, key_positions: Tensor, c
     return bias
 
 
-def alibi_encoder_bias(heads: int, length: int, device=None) -> Tensor:
+def alibi_encoder_slopes(heads: int) -> tuple[Tensor, Tensor]:
+    """Slopes of the ceil(H/2) heads looking left and of the H/2 looking right (each half has
+    the slopes of its own head count)."""
+    return alibi_slopes((heads + 1) // 2), alibi_slopes(heads // 2) if heads > 1 else torch.zeros(0)
+
+
+def alibi_encoder_bias(heads: int, length: int, device=None,
+                       slopes: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
     """[H, S, S] encoder bias: ``-slope * |i - j|``, the first ceil(H/2) heads seeing keys
-    j <= i, the others j >= i; each half has the slopes of its own head count, so the right
-    half is the mirror image of the left."""
-    left, right = (heads + 1) // 2, heads // 2
+    j <= i, the others j >= i, so the right half is the mirror image of the left. ``slopes``:
+    ``alibi_encoder_slopes(heads)`` already on ``device`` (a model's buffers: no host-to-device
+    copy, and so no GPU sync, per batch)."""
+    left, right = slopes if slopes is not None else [t.to(device) for t in alibi_encoder_slopes(heads)]
     positions = torch.arange(length, device=device)
-    looking_left = alibi_bias(alibi_slopes(left).to(device), positions, positions, causal=True)
-    if not right:
+    looking_left = alibi_bias(left, positions, positions, causal=True)
+    if not right.numel():
         return looking_left
-    looking_right = alibi_bias(alibi_slopes(right).to(device), positions, positions, causal=True).transpose(1, 2)
+    looking_right = alibi_bias(right, positions, positions, causal=True).transpose(1, 2)
     return torch.cat([looking_left, looking_right])
 
 
@@ -110,6 +118,9 @@ class Positions(nn.Module):
             self.tgt_embed = nn.Parameter(torch.randn(max_positions, dim) * 0.5 ** 0.5)
         elif kind == "alibi":
             self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
+            left, right = alibi_encoder_slopes(heads)
+            self.register_buffer("encoder_left_slopes", left, persistent=False)
+            self.register_buffer("encoder_right_slopes", right, persistent=False)
 
     @property
     def unbounded(self) -> bool:
@@ -129,16 +140,18 @@ class Positions(nn.Module):
         table = self.table_of(side)
         return x if table is None else x + table[start:start + x.size(1)]
 
-    def encoder(self, src_mask: Tensor) -> tuple[Tensor, Optional[tuple[Tensor, Tensor]]]:
-        """Encoder self-attention: (mask: bool [B, 1, 1, S] or ALiBi's float bias [B, H, S, S], rotary)."""
+    def encoder(self, src_mask: Tensor, padded: bool = True) -> tuple[Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+        """Encoder self-attention: (mask: bool [B, 1, 1, S], None when not ``padded``, or ALiBi's
+        float bias [B, H, S, S], rotary)."""
         keep = src_mask[:, None, None, :]  # (B, 1, 1, S)
         length = src_mask.size(1)
         if self.kind == "alibi":
-            bias = alibi_encoder_bias(self.heads, length, src_mask.device)  # (H, S, S)
+            bias = alibi_encoder_bias(self.heads, length, src_mask.device,
+                                      (self.encoder_left_slopes, self.encoder_right_slopes))  # (H, S, S)
             # a padding query sees itself, or a one-sided head would see nothing (NaN rows)
             keep = keep | torch.eye(length, dtype=torch.bool, device=src_mask.device)
             return bias[None].masked_fill(~keep, float("-inf")), None
-        return keep, self._rotary(torch.arange(length, device=src_mask.device))
+        return keep if padded else None, self._rotary(torch.arange(length, device=src_mask.device))
 
     def decoder(self, start: int, length: int, device) -> tuple[Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
         """Decoder self-attention of queries at start .. start+length-1 over keys 0 .. start+length-1:

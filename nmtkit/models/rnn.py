@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from nmtkit.config import ModelConfig
 from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq, group_beams
 from nmtkit.specials import PAD
 
@@ -90,7 +91,7 @@ class RNNAttention(nn.Module):
 
 
 class RNNSeq2Seq(Seq2Seq):
-    def __init__(self, cfg, src_vocab_size: int, tgt_vocab_size: int) -> None:
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
         embed, hidden, directions = cfg.embed_dim, cfg.hidden_dim, 2 if cfg.bidirectional else 1

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from nmtkit.config import ModelConfig
 from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq
 from nmtkit.models.layers import Attention, make_norm, sdpa
 from nmtkit.models.moe import MoEFeedForward, make_ffn
@@ -26,6 +27,7 @@ from nmtkit.specials import PAD
 @dataclasses.dataclass
 class TransformerEncoderOut(EncoderOut):
     cross_kv: list  # per decoder layer: (keys [B, H, S, Dk], values [B, H, S, Dh])
+    padded: bool = True  # False: no source padding, attention runs without a mask (flash kernels)
 
 
 @dataclasses.dataclass
@@ -59,7 +61,7 @@ def feed_forward(ffn: nn.Module, x: Tensor, keep: Optional[Tensor], router_stats
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_size)
         self.ffn = make_ffn(cfg, index, "encoder")
@@ -74,7 +76,7 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, key_dim=cfg.key_size)
         self.cross_attn = Attention(cfg.d_model, cfg.heads, cfg.attention_dropout, cross=True, key_dim=cfg.key_size)
@@ -83,8 +85,9 @@ class DecoderLayer(nn.Module):
         self.cross_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
         self.ffn_block = Sublayer(cfg.d_model, cfg.norm, cfg.pre_norm, cfg.dropout)
 
-    def cross(self, x: Tensor, kv: tuple[Tensor, Tensor], src_mask: Tensor, need_attn: bool):
-        """Cross-attention of x [N, T, D] where N = B * beam, against memory kv of B rows."""
+    def cross(self, x: Tensor, kv: tuple[Tensor, Tensor], src_mask: Optional[Tensor], need_attn: bool):
+        """Cross-attention of x [N, T, D] where N = B * beam, against memory kv of B rows
+        (``src_mask`` None: no padding to mask)."""
         keys, values = kv
         batch, heads, _, key_dim = keys.shape
         head_dim = values.size(-1)
@@ -93,7 +96,7 @@ class DecoderLayer(nn.Module):
         t = q.size(2)
         # group the beam hypotheses of a sentence as extra queries: (B, H, beam*T, Dk)
         q = q.view(batch, beam, heads, t, key_dim).transpose(1, 2).reshape(batch, heads, beam * t, key_dim)
-        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
         attn = None
         if need_attn:
             attn = self.cross_attn.weights(q, keys, mask).mean(1)  # (B, beam*T, S)
@@ -104,7 +107,7 @@ class DecoderLayer(nn.Module):
         out = self.cross_attn.out_proj(self.cross_attn._merge(out))
         return self.cross_block.output(x, out), attn
 
-    def forward(self, x: Tensor, kv, src_mask: Tensor, cache=None, need_attn: bool = False, self_mask=None,
+    def forward(self, x: Tensor, kv, src_mask: Optional[Tensor], cache=None, need_attn: bool = False, self_mask=None,
                 rotary=None, keep=None, router_stats=None):
         """Full sequence (cache None, causal) or one incremental step (cache = past k, v, RoPE
         keys already rotated). ``self_mask``: ALiBi's causal bias, or None for a plain causal mask."""
@@ -118,8 +121,13 @@ class DecoderLayer(nn.Module):
         return x, (k, v), attn
 
 
+def cross_mask(enc: TransformerEncoderOut) -> Optional[Tensor]:
+    """The source mask cross-attention needs: None when the batch has no padding."""
+    return enc.src_mask if enc.padded else None
+
+
 class Transformer(Seq2Seq):
-    def __init__(self, cfg, src_vocab_size: int, tgt_vocab_size: int) -> None:
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
@@ -165,12 +173,15 @@ class Transformer(Seq2Seq):
     def encode(self, src: Tensor, src_mask: Tensor, router_stats: Optional[list] = None) -> TransformerEncoderOut:
         """``router_stats``: a list that MoE layers append their RouterStats to (training)."""
         x = self._embed(self.src_embed, src, "src")  # (B, S, D)
-        mask, rotary = self.positions.encoder(src_mask)  # keys that may be attended (+ ALiBi bias)
+        # a batch without padding attends with no mask at all: SDPA's flash kernel takes none (one
+        # host sync per batch; compiled code keeps the mask rather than break its graph)
+        padded = torch.compiler.is_compiling() or not bool(src_mask.all())
+        mask, rotary = self.positions.encoder(src_mask, padded)  # keys that may be attended (+ ALiBi bias)
         for layer in self.encoder:
             x = layer(x, mask, rotary, src_mask, router_stats)
         memory = self.encoder_norm(x)
         cross_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder]
-        return TransformerEncoderOut(memory=memory, src_mask=src_mask, cross_kv=cross_kv)
+        return TransformerEncoderOut(memory=memory, src_mask=src_mask, cross_kv=cross_kv, padded=padded)
 
     def decode(self, tgt_in: Tensor, enc: TransformerEncoderOut, router_stats: Optional[list] = None) -> Tensor:
         """Teacher-forced decoder states [B, T, D] (before the output projection)."""
@@ -178,7 +189,7 @@ class Transformer(Seq2Seq):
         self_mask, rotary = self.positions.decoder(0, tgt_in.size(1), tgt_in.device)
         keep = tgt_in.ne(PAD)
         for layer, kv in zip(self.decoder, enc.cross_kv):
-            x, _, _ = layer(x, kv, enc.src_mask, self_mask=self_mask, rotary=rotary, keep=keep,
+            x, _, _ = layer(x, kv, cross_mask(enc), self_mask=self_mask, rotary=rotary, keep=keep,
                             router_stats=router_stats)
         return self.decoder_norm(x)
 
@@ -204,7 +215,7 @@ class Transformer(Seq2Seq):
         new_kv, attn = [], None
         last = len(self.decoder) - 1
         for i, (layer, kv, cache) in enumerate(zip(self.decoder, enc.cross_kv, state.self_kv)):
-            x, kv_step, layer_attn = layer(x, kv, enc.src_mask, cache=cache, need_attn=need_attn and i == last,
+            x, kv_step, layer_attn = layer(x, kv, cross_mask(enc), cache=cache, need_attn=need_attn and i == last,
                                            self_mask=self_mask, rotary=rotary)
             new_kv.append(kv_step)
             attn = layer_attn if layer_attn is not None else attn

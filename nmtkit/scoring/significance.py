@@ -25,7 +25,7 @@ import numpy as np
 
 from nmtkit.errors import ConfigError
 from nmtkit.limits import check_range
-from nmtkit.scoring.metrics import LOWER_IS_BETTER, METRICS, check_line_counts, make_metric
+from nmtkit.scoring.metrics import DEFAULT_METRICS, LOWER_IS_BETTER, check_line_counts, make_metric
 
 TESTS = ("bootstrap", "ar")
 DEFAULT_SEED = 12345
@@ -146,41 +146,115 @@ def paired_test(
     hyps: Sequence[str],
     baseline_hyps: Sequence[str],
     refs: Sequence[Sequence[str]],
-    metrics: Sequence[str] = METRICS,
+    metrics: Sequence[str] = DEFAULT_METRICS,
     test: str = "bootstrap",
     resamples: int = 1000,
     seed: int = DEFAULT_SEED,
     lowercase: bool = False,
     alpha: float = DEFAULT_ALPHA,
+    tokenize: str = "13a",
 ) -> dict[str, PairedResult]:
-    """Compare a system with a baseline on every metric; ``resamples`` bootstrap draws for the
-    intervals (and the p-value when test="bootstrap"), as many shuffles when test="ar"."""
+    """Compare a system with a baseline on every sacreBLEU metric; ``resamples`` bootstrap draws for
+    the intervals (and the p-value when test="bootstrap"), as many shuffles when test="ar"."""
     check_test_options(test, resamples, alpha)
     named_refs = [(f"reference {k}", ref) for k, ref in enumerate(refs, 1)]
     check_line_counts("system", hyps, named_refs)
     check_line_counts("baseline", baseline_hyps, named_refs)
-
-    bootstrap_seed, shuffle_seed = np.random.SeedSequence(seed).spawn(2)
     results = {}
     for name in metrics:
-        metric = make_metric(name, lowercase)
+        metric = make_metric(name, lowercase, tokenize)
         system, sys_stats = score_with_stats(metric, hyps, refs)
         baseline, base_stats = score_with_stats(metric, baseline_hyps, refs)
-        observed = system.score - baseline.score
-
-        # A fresh generator per metric: every metric sees the same draws, whatever else is asked for.
-        sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
-                               bootstrap_totals([sys_stats, base_stats], resamples,
-                                                np.random.default_rng(bootstrap_seed)))
-        if test == "bootstrap":
-            p_value = bootstrap_p_value(sys_boot - base_boot, observed)
-        else:
-            first, second = randomised_totals(sys_stats, base_stats, resamples, np.random.default_rng(shuffle_seed))
-            p_value = randomisation_p_value(scores_from_totals(metric, first) - scores_from_totals(metric, second),
-                                            observed)
-        results[name] = PairedResult(metric=name, name=system.name, system=float(system.score),
-                                     baseline=float(baseline.score), p_value=p_value,
-                                     system_ci=_interval(sys_boot, alpha), baseline_ci=_interval(base_boot, alpha),
-                                     alpha=alpha)
+        results[name] = _compare(name, system.name, metric, (system.score, sys_stats), (baseline.score, base_stats),
+                                 test, resamples, seed, alpha)
     return results
 
+
+class MeanOfSegments:
+    """A metric whose corpus score is the mean of its segment scores (COMET), behind the same
+    statistics hooks as sacreBLEU's: a sentence's statistics are (its score, 1), so a resampled
+    corpus is rescored as sum / count."""
+
+    @staticmethod
+    def _compute_score_from_stats(totals: Sequence[float]) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(score=totals[0] / totals[1])
+
+
+def paired_segment_test(name: str, system: Sequence[float], baseline: Sequence[float], test: str = "bootstrap",
+                        resamples: int = 1000, seed: int = DEFAULT_SEED, alpha: float = DEFAULT_ALPHA,
+                        metric: str = "comet") -> PairedResult:
+    """``paired_test`` for a metric given as segment scores whose corpus score is their mean."""
+    check_test_options(test, resamples, alpha)
+    if len(system) != len(baseline) or not system:
+        raise ConfigError(f"{name}: system and baseline need the same, non-zero number of segment scores")
+    sys_stats, base_stats = (np.stack([np.asarray(scores, dtype=np.float64), np.ones(len(scores))], axis=1)
+                             for scores in (system, baseline))  # [N, 2]: (score, 1)
+    return _compare(metric, name, MeanOfSegments(), (float(np.mean(system)), sys_stats),
+                    (float(np.mean(baseline)), base_stats), test, resamples, seed, alpha)
+
+
+def _compare(metric_key: str, name: str, metric: Any, system: tuple[float, np.ndarray],
+             baseline: tuple[float, np.ndarray], test: str, resamples: int, seed: int, alpha: float) -> PairedResult:
+    """One metric's p-value and intervals from the two systems' (score, statistics [N, K])."""
+    (sys_score, sys_stats), (base_score, base_stats) = system, baseline
+    observed = sys_score - base_score
+    # A fresh generator per metric: every metric sees the same draws, whatever else is asked for.
+    bootstrap_seed, shuffle_seed = np.random.SeedSequence(seed).spawn(2)
+    sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
+                           bootstrap_totals([sys_stats, base_stats], resamples, np.random.default_rng(bootstrap_seed)))
+    if test == "bootstrap":
+        p_value = bootstrap_p_value(sys_boot - base_boot, observed)
+    else:
+        first, second = randomised_totals(sys_stats, base_stats, resamples, np.random.default_rng(shuffle_seed))
+        p_value = randomisation_p_value(scores_from_totals(metric, first) - scores_from_totals(metric, second),
+                                        observed)
+    return PairedResult(metric=metric_key, name=name, system=float(sys_score), baseline=float(base_score),
+                        p_value=p_value, system_ci=_interval(sys_boot, alpha), baseline_ci=_interval(base_boot, alpha),
+                        alpha=alpha)
+
+
+def paired_runs_test(runs: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str], Any]], metric_name: str = "bleu",
+                     resamples: int = 1000, seed: int = DEFAULT_SEED, lowercase: bool = False,
+                     tokenize: str = "13a") -> PairedResult:
+    """A system against a baseline over several paired runs: each run is (system hyps, baseline
+    hyps, references, its test-set key), the two systems trained with the same seed on the same
+    split. The score is the metric of all runs' outputs pooled (one corpus of every run's test
+    set); the paired bootstrap draws the sentences of each test set, and a drawn sentence brings
+    its outputs of every run on that test set (the runs of other seeds): the sentence, not the
+    (sentence, seed), is the unit sampled, so k seeds do not pass for k times the test data."""
+    check_test_options("bootstrap", resamples)
+    metric = make_metric(metric_name, lowercase=lowercase, tokenize=tokenize)
+    clusters: dict[Any, list[np.ndarray]] = {}
+    for hyps, baseline_hyps, refs, key in runs:
+        check_line_counts("system", hyps, [("reference", refs)])
+        check_line_counts("baseline", baseline_hyps, [("reference", refs)])
+        _, sys_stats = score_with_stats(metric, hyps, [refs])
+        _, base_stats = score_with_stats(metric, baseline_hyps, [refs])
+        if key in clusters and clusters[key][0].shape != sys_stats.shape:
+            raise ConfigError(f"runs on test set {key!r} have different numbers of sentences")
+        summed = clusters.setdefault(key, [np.zeros_like(sys_stats), np.zeros_like(base_stats)])
+        summed[0] += sys_stats
+        summed[1] += base_stats
+    sys_stats = np.concatenate([pair[0] for pair in clusters.values()])  # [sentences of all test sets, K]
+    base_stats = np.concatenate([pair[1] for pair in clusters.values()])
+    system, baseline = (float(scores_from_totals(metric, stats.sum(0))[0]) for stats in (sys_stats, base_stats))
+    sys_boot, base_boot = (scores_from_totals(metric, totals) for totals in
+                           bootstrap_totals([sys_stats, base_stats], resamples,
+                                            np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])))
+    return PairedResult(metric=metric_name, name=metric_name, system=system, baseline=baseline,
+                        p_value=bootstrap_p_value(sys_boot - base_boot, system - baseline),
+                        system_ci=_interval(sys_boot, DEFAULT_ALPHA), baseline_ci=_interval(base_boot, DEFAULT_ALPHA))
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test of ``wins`` against ``losses`` (ties left out): the chance of a
+    split at least this uneven between two systems that are equally good. 1.0 with no decided pair."""
+    from math import comb
+
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, k) for k in range(min(wins, losses) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)

@@ -5,7 +5,9 @@ after that request arrived (no wait at all when requests are already queued behi
 model) until the token budget is spent. Requests with the same decode settings (target
 language included: one tag per call) become one ``Translator.hypotheses`` call (the engine
 under those settings: ``engine.with_options``); each request gets back exactly its own lines,
-in order. Only the worker touches the model, so a torch model never runs two calls at once.
+in order. Requests join only while their joint ``SearchShape`` (``admission.py``) stays within
+the memory bound, so joining never makes a search call that no request alone was allowed.
+Only the worker touches the model, so a torch model never runs two calls at once.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from nmtkit.decoding.guides import Guide
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.translate import Translator
+from nmtkit.serving.admission import SearchShape
+from nmtkit.serving.metrics import Metrics
 
 _STOP = object()  # queued by close(): the worker finishes what it holds, then returns
 
@@ -30,6 +34,7 @@ class Job:
     texts: list[str]
     decode: dict[str, Any]  # settings for this request; the server's options give the rest
     guides: Optional[list[Guide]] = None  # a prefix and constraints per text, if the request has them
+    shape: Optional[SearchShape] = None  # the request as one search call (admission.admit); None: unchecked
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
 
@@ -40,10 +45,14 @@ class Job:
 class Batcher:
     """``submit`` from any thread; the worker thread answers each job's future with a
     JSON-ready dict (``answer``) or the exception its translation raised. ``engine`` is a
-    loaded engine (``nmtkit.translation.open_engine``), ``base`` the server's options."""
+    loaded engine (``nmtkit.translate_files.open_engine``), ``base`` the server's options;
+    jobs join while their shapes' joint estimate is at most ``max_search_bytes`` (None: no
+    bound); every translator call is counted in ``metrics``."""
 
-    def __init__(self, engine, base: TranslateOptions, window_s: float, budget_tokens: int) -> None:
-        self.engine, self.base = engine, base
+    def __init__(self, engine, base: TranslateOptions, window_s: float, budget_tokens: int,
+                 metrics: Optional[Metrics] = None, max_search_bytes: Optional[int] = None) -> None:
+        self.engine, self.base, self.metrics = engine, base, metrics or Metrics()
+        self.max_search_bytes = max_search_bytes
         self.window_s, self.budget_tokens = window_s, budget_tokens
         self._queue: queue.Queue = queue.Queue()
         self._held: Optional[object] = None  # a job taken that did not fit the budget, or _STOP
@@ -53,10 +62,11 @@ class Batcher:
         self._thread = threading.Thread(target=self._work, name="nmtkit-translator", daemon=True)
         self._thread.start()
 
-    def submit(self, texts: list[str], decode: dict[str, Any], guides: Optional[list[Guide]] = None) -> Future:
+    def submit(self, texts: list[str], decode: dict[str, Any], guides: Optional[list[Guide]] = None,
+               shape: Optional[SearchShape] = None) -> Future:
         # a setting equal to the server's own changes nothing: such requests share batches with those without it
         decode = {name: value for name, value in decode.items() if value != getattr(self.base, name)}
-        job = Job(texts, decode, guides)
+        job = Job(texts, decode, guides, shape)
         self._queue.put(job)
         return job.future
 
@@ -93,7 +103,7 @@ class Batcher:
         """The next jobs to run together, or None once stopped. Jobs whose client gave up
         (a cancelled future) are dropped."""
         jobs: list[Job] = []
-        cost, deadline = 0, None
+        cost, deadline, joint = 0, None, SearchShape()
         while deadline is None or cost < self.budget_tokens:
             try:
                 item = self._next(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -104,15 +114,19 @@ class Batcher:
                     self._held = item
                 return jobs or None
             job_cost = self._cost(item)
-            if jobs and cost + job_cost > self.budget_tokens:
+            joined = joint.joined(item.shape) if item.shape is not None else joint
+            if jobs and (cost + job_cost > self.budget_tokens or not self._fits(joined)):
                 self._held = item
                 break
             if not item.future.set_running_or_notify_cancel():
                 continue
             jobs.append(item)
-            cost += job_cost
+            cost, joint = cost + job_cost, joined
             deadline = jobs[0].arrived + self.window_s
         return jobs
+
+    def _fits(self, shape: SearchShape) -> bool:
+        return self.max_search_bytes is None or shape.bytes(self.engine) <= self.max_search_bytes
 
     def _cost(self, job: Job) -> int:
         """Source pieces x beam, as the translator's own token budget counts them."""
@@ -139,6 +153,7 @@ class Batcher:
             self._stats["lines"] += len(texts)
             self._stats["batches"] += 1
             self._stats["largest_batch_requests"] = max(self._stats["largest_batch_requests"], len(group))
+        self.metrics.batch(len(group), len(texts))
         start = 0
         for job in group:
             end = start + len(job.texts)

@@ -5,7 +5,8 @@ settings, each within a range (``DECODE_RANGES``) or among its choices (``DECODE
 optional ``prefixes`` and ``constraints`` (one per text, as ``translate --prefix-file``
 and ``--constraints`` give them) and ``target_lang`` (as ``translate --target-lang``; here only
 its form is checked, the app checks it against the model). Every problem is a ``RequestError``
-with an HTTP status and a one-line message; nothing here imports torch.
+with an HTTP status, a one-line message and a ``reason`` (the label ``/metrics`` counts it
+under); nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -27,14 +28,19 @@ LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # one text is one line
 GUIDE_FIELDS = ("prefixes", "constraints")  # per text: a target prefix, target phrases to include
 LANGUAGE_FIELD = "target_lang"  # a multilingual model: the language of every translation of the request
 MAX_PHRASES = 32  # constraint phrases per text
+# why a request was refused: the label of nmtkit_rejected_requests_total (every one is exported, 0 included)
+REASONS = ("invalid", "body_size", "texts", "text_length", "phrases", "search_memory", "out_of_memory",
+           "read_timeout", "unauthorized", "shutting_down", "route")
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (4xx) and a one-line message."""
+    """A request the server refuses: ``status`` (4xx; 503 when it is stopping or out of memory), a
+    one-line message, the ``reason`` /metrics counts it under, and any ``headers`` to answer with."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str = "invalid",
+                 headers: Optional[dict[str, str]] = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.reason, self.headers = status, reason, headers
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class Limits:
     max_lines: int = 256
     max_line_chars: int = 2000
     max_beam: int = 16
+    max_search_bytes: int = 4 << 30  # the estimated peak memory of one search call (decoding/cost.py)
+    read_timeout_s: float = 30.0  # a body must arrive in full this soon after its headers
 
     def check(self, beam_size: int, **defaults: Any) -> None:
         """The limits are usable and admit the server's own ``beam_size`` and other decode
@@ -52,8 +60,11 @@ class Limits:
         two answer differently."""
         from nmtkit.errors import ConfigError
 
-        if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam) < 1:
-            raise ConfigError("--max-body-bytes, --max-lines, --max-line-chars and --max-beam must be at least 1")
+        if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam, self.max_search_bytes) < 1:
+            raise ConfigError("--max-body-bytes, --max-lines, --max-line-chars, --max-beam and --max-search-bytes "
+                              "must be at least 1")
+        if not 0 < self.read_timeout_s <= 3600:  # NaN fails too
+            raise ConfigError(f"--read-timeout must be above 0 and at most 3600 seconds, not {self.read_timeout_s}")
         if beam_size > self.max_beam:
             raise ConfigError(f"the server's beam size {beam_size} (--beam-size, else the model's decode settings) "
                               f"is over --max-beam {self.max_beam}: give a smaller --beam-size or a larger --max-beam")
@@ -84,6 +95,8 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
         raise RequestError(400, f"body is not JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
         raise RequestError(400, "body is not JSON this server reads: nested too deeply") from None
+    except ValueError:  # an integer past Python's int-to-string limit (4,300 digits)
+        raise RequestError(400, "body is not JSON this server reads: a number with thousands of digits") from None
     if not isinstance(payload, dict):
         raise RequestError(400, 'body must be a JSON object such as {"texts": ["a line"]}')
     known = [*GUIDE_FIELDS, *DECODE_RANGES, *DECODE_CHOICES, LANGUAGE_FIELD]
@@ -102,7 +115,7 @@ def check_texts(texts: Any, limits: Limits) -> list[str]:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise RequestError(400, '"texts" must be a list of strings')
     if len(texts) > limits.max_lines:
-        raise RequestError(413, f"{len(texts)} texts; at most {limits.max_lines} per request")
+        raise RequestError(413, f"{len(texts)} texts; at most {limits.max_lines} per request (--max-lines)", "texts")
     check_lines(texts, "texts", limits)
     return texts
 
@@ -111,7 +124,8 @@ def check_lines(lines: list[str], name: str, limits: Limits) -> None:
     """Each string of ``lines`` (the field ``name``) is one line of valid Unicode within the limit."""
     for index, line in enumerate(lines):
         if len(line) > limits.max_line_chars:
-            raise RequestError(413, f"{name}[{index}] has {len(line)} characters; at most {limits.max_line_chars}")
+            raise RequestError(413, f"{name}[{index}] has {len(line)} characters; at most {limits.max_line_chars} "
+                                    "(--max-line-chars)", "text_length")
         if any(c in LINE_BREAKS for c in line):
             raise RequestError(400, f"{name}[{index}] holds a line break; send one line per text")
         try:
@@ -137,7 +151,8 @@ def check_guides(prefixes: Any, constraints: Any, texts: list[str], limits: Limi
             raise RequestError(400, '"constraints" must be a list with a list of strings per text')
         for index, phrases in enumerate(constraints):
             if len(phrases) > MAX_PHRASES:
-                raise RequestError(413, f"constraints[{index}] has {len(phrases)} phrases; at most {MAX_PHRASES}")
+                raise RequestError(413, f"constraints[{index}] has {len(phrases)} phrases; at most {MAX_PHRASES}",
+                                   "phrases")
             check_lines(phrases, f"constraints[{index}]", limits)
             if not all(phrase.strip() for phrase in phrases):
                 raise RequestError(400, f"constraints[{index}] holds an empty phrase")
@@ -172,5 +187,12 @@ def check_setting(name: str, value: Any, limits: Limits) -> Any:
     if isinstance(value, bool) or not isinstance(value, numeric):
         raise RequestError(400, f"{name} must be {'an integer' if kind is int else 'a number'}")
     if not low <= value <= high:  # NaN fails too
-        raise RequestError(400, f"{name} must be between {low} and {high}, not {value}")
+        raise RequestError(400, f"{name} must be between {low} and {high}, not {shown(value)}")
     return kind(value)
+
+
+def shown(number: float) -> str:
+    """``number`` for a message, a huge integer by its size (its digits would flood the line)."""
+    if isinstance(number, int) and abs(number) >= 10 ** 18:  # JSON's integers stay within str()'s digit limit
+        return f"an integer of {len(str(abs(number)))} digits"
+    return str(number)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from nmtkit.files import read_json_dict
+from nmtkit.storage.files import read_json_dict
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir
 
@@ -40,8 +40,8 @@ def read_results(variant_dir: Path) -> Optional[dict]:
         row = splits.get(split)
         if not isinstance(row, dict) or not all(_typed(row.get(k), kind) for k, kind in SPLIT_FIELDS.items()):
             return None
-        for metric in ("bleu", "chrf", "ter"):
-            scored = row.get(metric)
+        for metric in ("bleu", *(name for name in ("chrf", "chrf++", "ter", "comet") if name in row)):
+            scored = row.get(metric)  # BLEU always; the others as the recipe's eval.metrics named them
             if not isinstance(scored, dict) or not _typed(scored.get("score"), (int, float)) or \
                     not isinstance(scored.get("signature"), str):
                 return None

@@ -1,5 +1,7 @@
 """A sweep's results: one row per variant from its work directory, with a paired-bootstrap
 p-value of its test BLEU against the baseline (the first variant), as results.json and results.md.
+A replicated sweep (seeds, splits) has one row per run, each tested against the baseline's run
+of the same seed and split, and above them one row per variant with the spread (spread.py).
 
 Everything is read back from what ``nmtkit run`` left in each variant's directory
 (results/results.json, results/test.hyp, train/metrics.jsonl) and the sweep's own record
@@ -13,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nmtkit.errors import DataError
-from nmtkit.files import atomic_write_text, read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED
+from nmtkit.storage.files import atomic_write_text, read_lines
 from nmtkit.sweep.record import read_record, read_results, variant_status
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir
@@ -24,20 +26,31 @@ RESAMPLES = 1000
 COLUMNS = (("test_bleu", "test BLEU", ".2f"), ("p_value", "p", ".3f"), ("test_chrf", "chrF", ".2f"),
            ("test_ter", "TER", ".2f"), ("dev_bleu", "dev BLEU", ".2f"), ("dev_loss", "dev loss", ".3f"),
            ("parameters", "params", ","), ("active_parameters", "active", ","), ("train_tok_s", "train tok/s", ",.0f"),
-           ("train_minutes", "train min", ".1f"), ("decode_sent_s", "decode sent/s", ".1f"),
-           ("peak_rss_mib", "peak RSS MiB", ",.0f"))
+           ("train_minutes", "train min", ".1f"), ("train_pflops", "train PFLOPs", ".3g"),
+           ("bleu_per_pflop", "BLEU/PFLOP", ".3g"), ("bleu_per_minute", "BLEU/min", ".3g"),
+           ("decode_sent_s", "decode sent/s", ".1f"), ("peak_rss_mib", "peak RSS MiB", ",.0f"))
+# columns only a recipe's eval.metrics adds: shown when some variant has them
+OPTIONAL_COLUMNS = (("test_chrf++", "chrF++", ".2f"), ("test_comet", "COMET", ".4f"))
+OPTIONAL_METRICS = ("chrf", "chrf++", "ter", "comet")  # results.json holds those eval.metrics named
 
 
 def write_results(sweep: Sweep, counts: dict[str, dict]) -> dict:
     """Collect every variant, write SWEEP_DIR/results.json and results.md atomically, return the dict."""
+    from nmtkit.sweep.spread import group_rows
+
     rows = [variant_row(sweep, variant, counts[variant.name]) for variant in sweep.variants]
     _add_p_values(sweep, rows)
+    baseline = sweep.groups[0].name if sweep.replicated else sweep.baseline.name
     results = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
-               "overrides": list(sweep.shared_overrides), "baseline": sweep.baseline.name,
-               "significance": {"test": "paired bootstrap", "metric": "test BLEU", "against": sweep.baseline.name,
+               "overrides": list(sweep.shared_overrides), "baseline": baseline,
+               "significance": {"test": "paired bootstrap", "metric": "test BLEU", "against": baseline,
                                 "resamples": RESAMPLES, "seed": DEFAULT_SEED},
                "bleu_signature": next((row["bleu_signature"] for row in rows if row.get("bleu_signature")), None),
                "variants": rows}
+    if sweep.replicated:
+        results.update(seeds=list(sweep.seeds), splits=sweep.splits, groups=group_rows(sweep, rows, RESAMPLES))
+        results["significance"].update(runs="pooled over paired runs (same seed, same split), sentences of each "
+                                            "split resampled with all their seeds' outputs", run_test="sign test")
     atomic_write_text(sweep.workdir / "results.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     atomic_write_text(sweep.workdir / "results.md", results_markdown(results))
     return results
@@ -50,6 +63,8 @@ def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
     record = read_record(directory)
     row: dict[str, Any] = {"name": variant.name, "settings": variant.settings(sweep.recipe), "status": status,
                            "parameters": counts["total"], "active_parameters": counts["active"]}
+    if variant.group:
+        row.update(group=variant.group, seed=variant.seed, split=variant.split)
     row.update(dict.fromkeys(key for key, _, _ in COLUMNS if key not in row))
     if status == "failed":
         row["error"] = record.get("error")
@@ -57,12 +72,20 @@ def variant_row(sweep: Sweep, variant: Variant, counts: dict) -> dict:
         return row
     results = read_results(directory)  # sound: the status is done
     test, dev = results["splits"]["test"], results["splits"]["dev"]
-    row.update(test_bleu=test["bleu"]["score"], test_chrf=test["chrf"]["score"], test_ter=test["ter"]["score"],
-               dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
+    row.update({f"test_{metric}": test[metric]["score"] for metric in OPTIONAL_METRICS if metric in test})
+    row.update(test_bleu=test["bleu"]["score"], dev_bleu=dev["bleu"]["score"], train_minutes=results.get("train_minutes"),
                decode_sent_s=round(test["sentences"] / test["translate_seconds"], 1) if test["translate_seconds"] else None,
                peak_rss_mib=record.get("peak_rss_mib"), bleu_signature=test["bleu"]["signature"])
     row.update(_training_figures(WorkDir(directory).run.path))
+    row.update(_cost_figures(results.get("train_flops"), row["train_minutes"], row["test_bleu"]))
     return row
+
+
+def _cost_figures(flops: Any, minutes: Any, bleu: float) -> dict:
+    """Training PFLOPs (10^15 FLOPs), and test BLEU per PFLOP and per training minute."""
+    pflops = flops / 1e15 if isinstance(flops, (int, float)) and flops > 0 else None
+    return {"train_pflops": pflops, "bleu_per_pflop": bleu / pflops if pflops else None,
+            "bleu_per_minute": bleu / minutes if isinstance(minutes, (int, float)) and minutes > 0 else None}
 
 
 def _training_figures(run_dir: Path) -> dict:
@@ -82,51 +105,69 @@ def _training_figures(run_dir: Path) -> dict:
 
 
 def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
-    """Each finished variant's test BLEU against the baseline's, on the same test references."""
+    """Each finished variant's test BLEU against the baseline's, on the same test references
+    (replicated: against the baseline's run of the same seed and split)."""
+    status = {row["name"]: row["status"] for row in rows}
+    baselines = {(v.seed, v.split): v for v in sweep.variants if v.group_name == sweep.baseline.group_name}
+    for row, variant in zip(rows, sweep.variants):
+        base = baselines.get((variant.seed, variant.split))
+        if base is not None and base is not variant and row["status"] == "done" and status[base.name] == "done":
+            _add_p_value(sweep, row, variant, base)
+
+
+def _add_p_value(sweep: Sweep, row: dict, variant: Variant, base: Variant) -> None:
     from nmtkit.scoring.significance import paired_test
 
-    base_row, base_dir = rows[0], sweep.variant_dir(sweep.baseline.name)
-    if base_row["status"] != "done":
-        return
-    tgt = sweep.baseline.config.data.tgt_lang
+    base_dir = sweep.variant_dir(base.name)
+    tgt, evaluation = base.config.data.tgt_lang, base.config.eval  # scored as `run` scored it
     refs = read_lines(WorkDir(base_dir).text("test", tgt))
     base_hyps = read_lines(WorkDir(base_dir).results / "test.hyp")
-    for row, variant in zip(rows[1:], sweep.variants[1:]):
-        directory = sweep.variant_dir(variant.name)
-        if row["status"] != "done":
-            continue
-        if read_lines(WorkDir(directory).text("test", variant.config.data.tgt_lang)) != refs:
-            row["p_value_note"] = "other test references than the baseline's: no p-value"
-            continue
-        result = paired_test(read_lines(WorkDir(directory).results / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
-                             test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED)
-        row["p_value"] = round(result["bleu"].p_value, 4)
+    directory = sweep.variant_dir(variant.name)
+    if read_lines(WorkDir(directory).text("test", variant.config.data.tgt_lang)) != refs:
+        row["p_value_note"] = "other test references than the baseline's: no p-value"
+        return
+    result = paired_test(read_lines(WorkDir(directory).results / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
+                         test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED, lowercase=evaluation.lowercase,
+                         tokenize=evaluation.tokenizer(tgt))
+    row["p_value"] = round(result["bleu"].p_value, 4)
 
 
 def _cell(value: Any, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def _columns(rows: list[dict]) -> tuple:
+    """COLUMNS, with chrF++ and COMET after TER when some variant was scored with them."""
+    extra = tuple(column for column in OPTIONAL_COLUMNS if any(row.get(column[0]) is not None for row in rows))
+    return COLUMNS[:4] + extra + COLUMNS[4:]
+
+
 def results_markdown(results: dict) -> str:
-    headers = ["variant", *(header for _, header, _ in COLUMNS), "settings"]
+    columns = _columns(results["variants"])
+    headers = ["variant", *(header for _, header, _ in columns), "settings"]
     lines = [f"# Sweep {results['sweep']}", "",
              f"Base recipe `{results['recipe']}`" + (f" with `{' '.join(results['overrides'])}`"
                                                     if results["overrides"] else "") +
-             f"; sweep file `{results['sweep_file']}`.", "",
-             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+             f"; sweep file `{results['sweep_file']}`.", ""]
+    if results.get("groups"):
+        from nmtkit.sweep.spread import groups_markdown
+
+        lines += ["## Variants over seeds and splits", "", *groups_markdown(results), "", "## Runs", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in results["variants"]:
         name = row["name"] if row["status"] == "done" else f"{row['name']} ({row['status']})"
-        cells = [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
+        cells = [_cell(row.get(key), fmt) for key, _, fmt in columns]
         settings = " ".join(f"`{item}`" for item in row["settings"]) or "(the recipe)"
         lines.append("| " + " | ".join([name, *cells, settings]) + " |")
     done = [row for row in results["variants"] if row["status"] == "done" and row.get("dev_bleu") is not None]
     significance = results["significance"]
     lines += ["", f"- p: {significance['test']} ({significance['resamples']} resamples, seed {significance['seed']}) "
-                  f"of each variant's test BLEU against `{results['baseline']}`, the first variant.",
+                  f"of each variant's test BLEU against `{results['baseline']}`, the first variant"
+                  + (" (its run of the same seed and split)." if results.get("groups") else "."),
               "- train tok/s: median of the logged windows (target tokens); decode sent/s: the test set with the "
               "recipe's beam; peak RSS: the largest single process (`nmtkit run` or one of its workers) over the "
               "variant's sessions; the first variant of each prepare also ran that prepare."]
-    if done:
+    if done and not results.get("groups"):  # replicated: the best mean is under the variants' table
         best = max(done, key=lambda row: row["dev_bleu"])
         lines.append(f"- best dev BLEU: `{best['name']}` ({best['dev_bleu']:.2f}); choose on dev, report test once.")
     if results.get("bleu_signature"):
@@ -150,3 +191,7 @@ def print_results(console, results: dict) -> None:
         name = row["name"] if row["status"] == "done" else f"{row['name']} ({row['status']})"
         table.add_row(name, *(_cell(row.get(key), fmt) for key, _, fmt in COLUMNS if key in shown))
     console.print(table)
+    if results.get("groups"):
+        from nmtkit.sweep.spread import print_groups
+
+        print_groups(console, results)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, exclusive, read_json_dict, refuse_foreign
+from nmtkit.storage.files import atomic_write_text, exclusive
+from nmtkit.sweep.plan import refuse_foreign_files, write_plan
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
 from nmtkit.workdir import WorkDir
@@ -60,7 +61,7 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     sweep.workdir.mkdir(parents=True, exist_ok=True)
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
         refuse_foreign_files(sweep)
-        _write_plan(sweep, counts)
+        write_plan(sweep, counts)
         failed = []
         for number, variant in enumerate(selected, 1):
             console.rule(f"[bold]{number}/{len(selected)} {variant.name}")
@@ -124,7 +125,7 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
 
 # train settings that say how long, how often, where or how fast: a run resumed with new values is
 # the run the new settings describe (max_steps too, unless the schedule decays towards it)
-_RESUMABLE = {"max_steps", "max_epochs", "threads", "log_every", "validate_every", "save_every", "keep_last",
+_RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "max_flops", "threads", "log_every", "validate_every", "save_every", "keep_last",
               "tensorboard", "average_last", "dev_bleu_beam", "dev_bleu_max_sentences", "patience", "best_metric",
               "device", "dtype", "compile"}
 
@@ -229,53 +230,6 @@ def _last_error(log: Path, start: int = 0) -> str:
     return (errors or lines or ["no output"])[-1]
 
 
-def _is_plan(record: Optional[dict]) -> bool:
-    return record is not None and isinstance(record.get("sweep"), str) and isinstance(record.get("variants"), list)
-
-
-def refuse_foreign_files(sweep: Sweep) -> None:
-    """A one-line error, before anything is written, when the sweep's directory holds a file of
-    the names the sweep writes that nmtkit did not write (``files.refuse_foreign``): the
-    directory is the sweep's once its sweep.json is a plan; before that, a sweep.json,
-    results.json, results.md or a variant's sweep-run.json there must read as one of ours."""
-    workdir = sweep.workdir
-    if _is_plan(read_json_dict(workdir / "sweep.json")):
-        return
-    recognised = {"sweep.json": _is_plan, "results.json": _is_plan,
-                  "results.md": lambda path: _starts_with(path, b"# Sweep ")}
-    for name, ours in recognised.items():
-        path = workdir / name
-        if os.path.lexists(path) and not ours(read_json_dict(path) if name.endswith(".json") else path):
-            refuse_foreign(path, "the sweep's " + ("plan" if name == "sweep.json" else "results"), "sweep workdir")
-    for variant in sweep.variants:
-        path = sweep.variant_dir(variant.name) / RECORD
-        record = read_json_dict(path)
-        if os.path.lexists(path) and not (record and isinstance(record.get("config"), str)
-                                          and isinstance(record.get("status"), str)):
-            refuse_foreign(path, f"the record of variant {variant.name}", "sweep workdir")
-
-
-def _starts_with(path: Path, start: bytes) -> bool:
-    """Whether the regular file ``path`` starts with ``start`` (only that much is read)."""
-    try:
-        with open(path, "rb") if path.is_file() else contextlib.nullcontext(None) as handle:
-            return handle is not None and handle.read(len(start)) == start
-    except OSError:
-        return False
-
-
-def _write_plan(sweep: Sweep, counts: dict[str, dict]) -> None:
-    """sweep.json: the variants in order (for `nmtkit plot SWEEP_DIR` and for people)."""
-    plan = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
-            "overrides": list(sweep.shared_overrides),
-            "variants": [{"name": v.name, "recipe": str(v.recipe), "overrides": list(v.overrides), "data_key": v.data_key,
-                          "config_key": v.config_key, "parameters": counts[v.name]} for v in sweep.variants]}
-    text = json.dumps(plan, indent=1, ensure_ascii=False) + "\n"
-    path = sweep.workdir / "sweep.json"
-    if not path.is_file() or path.read_bytes() != text.encode("utf-8"):  # damaged or stale: rewritten
-        atomic_write_text(path, text)
-
-
 def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list) -> None:
     """The --dry-run listing of the ``selected`` variants: each one's shared prepare (numbered
     over the whole sweep), parameter counts, status and settings, one unwrapped line each
@@ -284,7 +238,9 @@ def list_variants(sweep: Sweep, counts: dict[str, dict], console, selected: list
     for variant in sweep.variants:
         groups.setdefault(variant.data_key, len(groups) + 1)
     shared = " ".join(sweep.shared_overrides) or "none"
-    console.print(f"sweep {sweep.name}: {len(sweep.variants)} variants of {sweep.recipe} (shared overrides: {shared}), "
+    counted = (f"{len(sweep.groups)} variants x {len(sweep.seeds) or 1} seed(s) x {sweep.splits} split(s) = "
+               f"{len(sweep.variants)} runs" if sweep.replicated else f"{len(sweep.variants)} variants")
+    console.print(f"sweep {sweep.name}: {counted} of {sweep.recipe} (shared overrides: {shared}), "
                   f"{len(groups)} prepare(s), work directory {sweep.workdir}", soft_wrap=True)
     width = max(len("variant"), *(len(v.name) for v in selected))
     console.print(f"  {'variant':<{width}}  prepare  {'parameters':>12}  {'active':>12}  status   settings",

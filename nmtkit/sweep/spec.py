@@ -14,10 +14,18 @@
           train.lr: [0.002, 0.003]
           train.warmup: [100, 300]
     grid: {model.dropout: [0.0, 0.2]}   # shorthand for one more grid entry without a name
+    seeds: [1, 2, 3]                    # every variant once per training seed (train.seed) ...
+    splits: 2                           # ... and per data split (data.split_seed 0 .. splits-1)
 
 Overrides are a mapping of dotted keys or a list of ``key=value`` strings. Each variant's
 config is the one ``nmtkit run RECIPE key=value ...`` would build, so every variant is
 built (and validated like a recipe) before any work starts. No torch here.
+
+With ``seeds`` and/or ``splits`` (or ``nmtkit sweep --seeds 1,2 --splits 3``) each variant is
+a group of runs, one per (seed, split), named ``NAME,seed=S,split=K``; split K sets
+``data.split_seed=K`` (split 0 is the recipe's own), the same K splits for every variant, so
+runs of two variants on one (seed, split) are paired and all variants of a split share its
+prepare. Without either key a variant is one run, as before.
 """
 from __future__ import annotations
 
@@ -33,15 +41,15 @@ from typing import Any
 
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
-from nmtkit.files import read_json_dict, read_regular
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
-from nmtkit.workdir import WorkDir
+from nmtkit.storage.files import read_regular
 
-SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid")
+SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid", "seeds", "splits")
+MAX_SPLITS = 100
 VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
 RESERVED_OVERRIDES = ("name", "workdir")  # the sweep places every variant itself
 MAX_VARIANTS = 10_000  # each variant is a training run: far past any sweep that finishes
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 
@@ -51,6 +59,14 @@ class Variant:
     recipe: Path  # the sweep's base recipe unless the variant names its own
     overrides: tuple[str, ...]  # this variant's own ``key=value`` items (the sweep's shared ones excluded)
     config: Config
+    group: str = ""  # the variant this run belongs to ("": not replicated, the run is the variant)
+    seed: int | None = None  # its training seed and data split when replicated
+    split: int | None = None
+    replica: tuple[str, ...] = ()  # the ``key=value`` items that make this (seed, split) run
+
+    @property
+    def group_name(self) -> str:
+        return self.group or self.name
 
     def settings(self, base_recipe: Path) -> list[str]:
         """What sets this variant apart, for tables: its own recipe (if any) and overrides."""
@@ -94,8 +110,10 @@ def changed_settings(config: Config) -> dict:
             return inner or _ABSENT
         return _ABSENT if value == default or (default is _ABSENT and value in ({}, [], None)) else value
 
+    # against the old value of a key whose default changed (LEGACY_VALUES): a sweep written before
+    # keeps its digests, a recipe relying on the new default gets new ones
     return differ(json.loads(json.dumps(config.to_dict(), default=str)),
-                  json.loads(json.dumps(Config().to_dict(), default=str)))
+                  json.loads(json.dumps(Config.legacy_tree(), default=str)))
 
 
 _ABSENT = object()
@@ -108,32 +126,45 @@ class Sweep:
     recipe: Path
     workdir: Path
     shared_overrides: tuple[str, ...]
-    variants: tuple[Variant, ...]
+    variants: tuple[Variant, ...]  # every run, in the order they run
+    groups: tuple[Variant, ...] = ()  # replicated: the variants as the file names them (their seed/split 0 configs)
+    seeds: tuple[int, ...] = ()
+    splits: int = 0  # 0: not replicated
+
+    @property
+    def replicated(self) -> bool:
+        return bool(self.groups)
 
     @property
     def baseline(self) -> Variant:
         return self.variants[0]
 
+    def runs_of(self, group: str) -> list[Variant]:
+        return [v for v in self.variants if v.group_name == group]
+
     def variant_dir(self, name: str) -> Path:
         return variant_dir(self.workdir, name)
 
     def select(self, names: list[str] | None) -> list[Variant]:
-        """The variants named by ``--only`` (all when none), in sweep order."""
+        """The runs named by ``--only`` (all when none), in sweep order; a replicated variant's
+        name selects all its runs."""
         if not names:
             return list(self.variants)
-        known = [v.name for v in self.variants]
+        known = list(dict.fromkeys([v.group_name for v in self.variants] + [v.name for v in self.variants]))
         for name in names:
             if name not in known:
-                raise ConfigError(f"--only {name}: no such variant in {self.path} (variants: {', '.join(known)})")
-        return [v for v in self.variants if v.name in names]
+                shown = list(dict.fromkeys(v.group_name for v in self.variants))
+                raise ConfigError(f"--only {name}: no such variant in {self.path} (variants: {', '.join(shown)})")
+        return [v for v in self.variants if v.name in names or v.group_name in names]
 
 
 def variant_dir(workdir: Path, name: str) -> Path:
     return workdir / "variants" / name
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and check a sweep file and build every variant's config; raises ConfigError."""
+def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | None = None) -> Sweep:
+    """Read and check a sweep file and build every variant's config; raises ConfigError.
+    ``seeds`` / ``splits`` (from the command line) replace the file's."""
     path = Path(path)
     raw = _read_yaml(path)
     unknown = sorted(set(raw) - set(SWEEP_KEYS))
@@ -161,7 +192,63 @@ def load_sweep(path: str | Path) -> Sweep:
         variants.append(Variant(name, variant_recipe, tuple(items),
                                 _variant_config(path, variant_recipe, workdir, name, shared, items)))
     variants = tuple(variants)
-    return Sweep(path.stem, path, recipe, workdir, shared, variants)
+    seeds = _seeds(seeds, "--seeds") if seeds is not None else _seeds(raw.get("seeds"), f"{path}: seeds")
+    splits = _splits(splits, "--splits") if splits is not None else _splits(raw.get("splits"), f"{path}: splits")
+    if not seeds and not splits:
+        return Sweep(path.stem, path, recipe, workdir, shared, variants)
+    runs = _replicas(path, workdir, shared, variants, seeds, splits or 1)
+    return Sweep(path.stem, path, recipe, workdir, shared, runs, variants, tuple(seeds), splits or 1)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 1,2,3`` -> [1, 2, 3]."""
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--seeds {text}: expected training seeds separated by commas, e.g. 1,2,3") from None
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value or \
+            not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in value):
+        raise ConfigError(f"{where}: expected a non-empty list of training seeds (integers 0 .. 2^31-1), got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: a seed is listed twice in {value!r}")
+    return list(value)
+
+
+def _splits(value: Any, where: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SPLITS:
+        raise ConfigError(f"{where}: expected a number of data splits from 1 to {MAX_SPLITS}, got {value!r}")
+    return value
+
+
+def _replicas(path: Path, workdir: Path, shared: tuple[str, ...], variants: tuple[Variant, ...], seeds: list[int],
+              splits: int) -> tuple[Variant, ...]:
+    """One run per (split, seed, variant), in that order: after the first round every variant
+    has a run to compare. Without ``seeds`` each variant keeps its recipe's train.seed."""
+    replaced = (["train.seed"] if seeds else []) + ["data.split_seed"]
+    for variant in variants:
+        for item in [*shared, *variant.overrides]:
+            if item.split("=", 1)[0].strip() in replaced:
+                raise ConfigError(f"{path}: variant {variant.name} sets {item.split('=', 1)[0].strip()}, which "
+                                  f"`seeds:` / `splits:` set for every run; leave it to them")
+    runs = []
+    for split in range(splits):
+        for seed in seeds or [None]:
+            for variant in variants:
+                run_seed = variant.config.train.seed if seed is None else seed
+                replica = ((f"train.seed={run_seed}",) if seed is not None else ()) + (f"data.split_seed={split}",)
+                name = f"{variant.name},seed={run_seed},split={split}"
+                _check_names(path, [name])
+                config = _variant_config(path, variant.recipe, workdir, name, shared, [*variant.overrides, *replica])
+                runs.append(Variant(name, variant.recipe, variant.overrides, config, variant.name, run_seed, split,
+                                    replica))
+    return tuple(runs)
 
 
 def _read_yaml(path: Path) -> dict:
@@ -277,7 +364,7 @@ def _name_text(value: Any) -> str:
 def _check_names(path: Path, names: list[str]) -> None:
     seen = set()
     for name in names:
-        if not _NAME.fullmatch(name):
+        if not VARIANT_NAME.fullmatch(name):
             shown = repr(name) if len(name) <= 130 else f"{name[:120]!r}... ({len(name):,} characters)"
             raise ConfigError(f"{path}: variant name {shown} must start with a letter or digit and hold only "
                               f"letters, digits and . _ = , + - (at most 120 characters)")
@@ -296,28 +383,9 @@ def _variant_config(path: Path, recipe: Path, workdir: Path, name: str, shared: 
 
 def run_command(sweep: Sweep, variant: Variant) -> list[str]:
     """The ``nmtkit run`` arguments that build this variant's config (also shown to the user)."""
-    return ["run", str(variant.recipe), *sweep.shared_overrides, *variant.overrides,
+    return ["run", str(variant.recipe), *sweep.shared_overrides, *variant.overrides, *variant.replica,
             *_placement(sweep.name, sweep.workdir, variant.name)]
 
 
 def _placement(sweep_name: str, workdir: Path, name: str) -> list[str]:
     return [f"name={_text(f'{sweep_name}-{name}')}", f"workdir={_text(str(variant_dir(workdir, name)))}"]
-
-
-def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
-    """(variant name, training run dir) of a sweep directory's variants that have started
-    training, in sweep order; None when ``directory`` is not a sweep directory."""
-    plan_path = Path(directory) / "sweep.json"
-    if not plan_path.is_file():
-        return None
-    try:
-        names = [v["name"] for v in (read_json_dict(plan_path) or {})["variants"]]
-    except (KeyError, TypeError):
-        names = None
-    if not names or not all(isinstance(name, str) and _NAME.fullmatch(name) for name in names):
-        raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`")
-    runs = [(name, WorkDir(variant_dir(Path(directory), name)).run) for name in names]
-    runs = [(name, run.path) for name, run in runs if run.metrics.is_file()]
-    if not runs:
-        raise ConfigError(f"{directory}: no variant of this sweep has trained yet")
-    return runs

@@ -22,8 +22,8 @@ import torch
 
 from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
-from nmtkit.files import atomic_write_text, sha256_file
-from nmtkit.checksums import verify
+from nmtkit.storage.checksums import verify
+from nmtkit.storage.files import atomic_write_text, sha256_file
 from nmtkit.modeldir import (CONFIG, check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
                              read_weights, save_model_dir, state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir
@@ -45,6 +45,7 @@ class TrainerState:
     bad_validations: int = 0
     skipped_steps: int = 0
     train_seconds: float = 0.0
+    train_flops: float = 0.0  # training FLOPs spent so far (models/flops.py): train.max_flops's budget
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
     dev_sha256: str = ""  # the dev ids best_score was earned on ("": a checkpoint of an older nmtkit)
 
@@ -209,6 +210,8 @@ def trainer_state(raw: dict) -> TrainerState:
                          f"({state.epoch_batches} batches)")
     if not _finite_number(state.train_seconds) or state.train_seconds < 0:
         raise ValueError(f"train_seconds must be a non-negative number, got {state.train_seconds!r}")
+    if not _finite_number(state.train_flops) or state.train_flops < 0:
+        raise ValueError(f"train_flops must be a non-negative number, got {state.train_flops!r}")
     if state.best_score is not None and not _finite_number(state.best_score):
         raise ValueError(f"best_score must be a number or null, got {state.best_score!r}")
     return state
@@ -309,7 +312,7 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     after that step, so one long run gives the model a shorter run would have ended with
     (a learning curve without retraining; exact for schedules that do not depend on max_steps)."""
     from nmtkit.modeldir import load_model_dir, model_dir_problem
-    from nmtkit.outputs import check_output_dir
+    from nmtkit.storage.outputs import check_output_dir
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

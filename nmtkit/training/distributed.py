@@ -43,13 +43,14 @@ def process_group(device: torch.device):
     The group is left on success and on SystemExit (a signal stop, reached by all ranks
     together); after any other error the process just exits and torchrun stops the rest.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    joined = torch_dist.is_initialized()  # by the caller, who also leaves (even a group of one process)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not joined:
         yield device
         return
-    if device.type == "cuda":  # one GPU per process, whatever train.device names
+    if device.type == "cuda":  # one GPU per process, whatever train.device names (DDP needs its index)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    if torch_dist.is_initialized():  # joined by the caller, who also leaves
+    if joined:
         yield device
         return
     torch_dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
@@ -65,7 +66,7 @@ def rank_console(console):
     """``console`` on rank 0; a silent one elsewhere, so N processes print one log."""
     if is_main():
         return console
-    from nmtkit.console import get_console
+    from nmtkit.runtime.console import get_console
 
     quiet = get_console(console.verbosity)
     quiet.quiet = True
@@ -101,7 +102,8 @@ def my_share(group: list, update_freq: int) -> list:
 def seed_micro_batch(seed: int, step: int, index: int, device: torch.device) -> None:
     """Seed dropout from (seed, update, index of the micro-batch within the update), so it
     does not depend on which process runs the micro-batch or on what ran before."""
-    value = int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0] >> 1)
+    # shifted as a Python int: numpy 1.x refuses uint64 >> int (same value under numpy 2)
+    value = int(np.random.SeedSequence([seed, step, index]).generate_state(1, np.uint64)[0]) >> 1
     torch.random.default_generator.manual_seed(value)
     if device.type == "cuda":
         torch.cuda.manual_seed(value)  # this process's GPU only

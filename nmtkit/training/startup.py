@@ -15,9 +15,9 @@ from nmtkit.data.identity import (changes, identity, prepared_settings, read_rec
 from nmtkit.data.ids import ParallelIds, load_split, prepared_file
 from nmtkit.data.vocab import Vocab, spm_files
 from nmtkit.errors import CheckpointError, ConfigError, DataError
-from nmtkit.files import exclusive, read_json_dict, read_lines, shown_path
 from nmtkit.modeldir import load_weights
 from nmtkit.runlog import check_resume_settings
+from nmtkit.storage.files import exclusive, read_json_dict, read_lines, shown_path
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import LoadedCheckpoint, check_fits, checkpoint_dirs, latest_checkpoint, tidy_run_dir
 from nmtkit.workdir import RunDir, WorkDir

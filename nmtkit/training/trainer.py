@@ -17,19 +17,21 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 
-from nmtkit.compiler import maybe_compile
 from nmtkit.config import Config, save_config
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.mixing import corpus_weights, epoch_pairs
 from nmtkit.decoding.options import TranslateOptions
-from nmtkit.device import autocast, resolve_device, resolve_dtype
 from nmtkit.errors import ConfigError
 from nmtkit.modeldir import save_model_dir
 from nmtkit.models.build import build_model
+from nmtkit.models.flops import flop_count
 from nmtkit.runlog import MetricsLog, summary_writer_class
-from nmtkit.threads import configure_threads
+from nmtkit.runtime.compiler import maybe_compile
+from nmtkit.runtime.device import autocast, resolve_device, resolve_dtype
+from nmtkit.runtime.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint
 from nmtkit.training.ema import ema_weights, restored_ema, update_ema
@@ -59,6 +61,10 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     dtype = resolve_dtype(cfg.train.dtype, device, cpu_fp16=True)
     if cfg.train.tensorboard:
         summary_writer_class()  # a missing package is found now, not at the first log step
+    if cfg.train.best_metric == "bleu":  # a tokenizer's missing package (MeCab) is found now, not at validation
+        from nmtkit.scoring.metrics import check_tokenizer
+
+        check_tokenizer(cfg.eval.tokenizer(cfg.data.tgt_lang))
     if dry_run:
         print_dry_run(cfg, console, device, dtype)
         return None
@@ -115,6 +121,7 @@ class Trainer:
                     else self.model.features)
         self.objective = dist.wrap(TrainingLoss(self.model, cfg.train.label_smoothing, features), device)
         self.model_dim = cfg.model.width  # the noam schedule's d_model
+        self.flops = flop_count(cfg.model, len(src_vocab), len(tgt_vocab))  # training FLOPs per batch from its lengths
         self.max_len = getattr(model, "max_positions", None)
         m = cfg.model
         if self.max_len is not None:  # sinusoidal or learned positions: a table of max_positions
@@ -180,7 +187,7 @@ class Trainer:
 
     # -- loop -----------------------------------------------------------------------------------
     def _updates(self):
-        """Yield (epoch, its batches, index of last batch used, (the epoch's ids, their target lengths),
+        """Yield (epoch, its batches, index of last batch used, (the epoch's ids, their source and target lengths),
         micro-batches of one update) forever."""
         t = self.cfg.train
         per_update = dist.local_update_freq(t) * dist.world_size()
@@ -196,7 +203,8 @@ class Trainer:
                 raise ConfigError(too_few_batches(len(batches), sum(len(b) for b in batches), per_update,
                                                   t.max_tokens, self.corpus_weights is not None))
             for start in range(skip, len(batches) - per_update + 1, per_update):
-                yield epoch, len(batches), start + per_update, (data, tgt_lengths), batches[start:start + per_update]
+                yield (epoch, len(batches), start + per_update, (data, src_lengths, tgt_lengths),
+                       batches[start:start + per_update])
             epoch, skip = epoch + 1, 0
             if t.max_epochs and epoch >= t.max_epochs:
                 return
@@ -216,9 +224,10 @@ class Trainer:
         t = self.cfg.train
         update_freq = dist.local_update_freq(t)
         micro = dist.my_share(group, update_freq)
-        data, tgt_lengths = epoch_data
+        data, src_lengths, tgt_lengths = epoch_data
         batches = [collate(data, idx, self.max_len) for idx in micro]
         total_tokens = sum(int(tgt_lengths[idx].sum()) + len(idx) for idx in group)
+        self.state.train_flops += self._update_flops(src_lengths, tgt_lengths, group)
         scale = dist.world_size() / total_tokens  # DDP averages over ranks: undo it, normalise per token
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
@@ -248,6 +257,14 @@ class Trainer:
         if self.ema is not None:
             update_ema(self.ema, self.model, t.ema_decay)
         return loss_sum, nll_sum, total_tokens
+
+    def _update_flops(self, src_lengths, tgt_lengths, group) -> int:
+        """Training FLOPs of an update's batches (all ranks'): real tokens as collate() feeds them
+        (sources cut to the position table, at least one token; targets with EOS)."""
+        cap = self.max_len or np.iinfo(np.int64).max
+        src = np.concatenate([np.clip(src_lengths[idx], 1, cap) for idx in group])
+        tgt = np.concatenate([np.minimum(tgt_lengths[idx], cap - 1) + 1 for idx in group])
+        return self.flops.training(src, tgt)
 
     def _loss(self, batch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of one micro-batch; returns its summed smoothed loss and NLL. An
@@ -293,6 +310,8 @@ class Trainer:
             return "max_steps"
         if t.max_minutes and self.state.train_seconds >= t.max_minutes * 60:
             return "time budget"
+        if t.max_flops and self.state.train_flops >= t.max_flops:
+            return "FLOPs budget"
         if t.patience and self.state.bad_validations >= t.patience:
             return "early stopping"
         if t.max_epochs and self.state.epoch >= t.max_epochs:
@@ -362,7 +381,8 @@ class Trainer:
         tok_s = tokens / max(elapsed, 1e-9)
         record = {"type": "train", "step": self.state.step, "epoch": self.state.epoch + 1, "loss": round(loss, 4),
                   "nll": round(nll, 4), "ppl": round(math.exp(min(nll, 50)), 2), "lr": lr,
-                  "tgt_tok_s": round(tok_s, 1), "train_seconds": round(self.state.train_seconds, 1)}
+                  "tgt_tok_s": round(tok_s, 1), "train_seconds": round(self.state.train_seconds, 1),
+                  "train_flops": self.state.train_flops}
         if self.loss_scaler.enabled:
             record["loss_scale"] = self.loss_scaler.scale
         if self.router_window is not None:
@@ -388,7 +408,8 @@ class Trainer:
                 # the recipe's decode settings at the dev beam, one hypothesis per sentence
                 options = TranslateOptions.from_decode(cfg.decode, beam_size=t.dev_bleu_beam, nbest=1)
                 scores.update(dev_bleu(self.model, self.dev_sources, self.dev_refs, self.src_vocab, self.tgt_vocab,
-                                       self.device, self.dtype, options, t.dev_bleu_max_sentences))
+                                       self.device, self.dtype, options, t.dev_bleu_max_sentences,
+                                       tokenize=cfg.eval.tokenizer(cfg.data.tgt_lang), lowercase=cfg.eval.lowercase))
         metric = scores.get("dev_bleu") if t.best_metric == "bleu" and "dev_bleu" in scores else -scores["dev_loss"]
         improved = self.state.best_score is None or metric > self.state.best_score
         if improved:
@@ -398,7 +419,8 @@ class Trainer:
         else:
             self.state.bad_validations += 1
         record = {"type": "valid", "step": self.state.step, **{k: round(v, 4) for k, v in scores.items()},
-                  "best": improved}
+                  "best": improved, "train_seconds": round(self.state.train_seconds, 1),
+                  "train_flops": self.state.train_flops}
         self._log(record)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
         self.console.info(f"[bold]valid[/bold] step {self.state.step}: {shown}{' (best)' if improved else ''}")

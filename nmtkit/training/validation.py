@@ -16,8 +16,8 @@ import torch
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.ids import ParallelIds
 from nmtkit.data.vocab import Vocab
-from nmtkit.device import autocast
 from nmtkit.models.base import Seq2Seq
+from nmtkit.runtime.device import autocast
 from nmtkit.training.loss import projected_smoothed_loss
 
 
@@ -38,9 +38,10 @@ def dev_loss(model: Seq2Seq, dev: ParallelIds, max_tokens: int, device, dtype, m
 
 
 def dev_bleu(model: Seq2Seq, sources: list[str], references: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-             device, dtype, options, max_sentences: int) -> dict:
+             device, dtype, options, max_sentences: int, tokenize: str = "13a", lowercase: bool = False) -> dict:
     """sacreBLEU of the first ``max_sentences`` dev sentences, translated from their text by
-    the same ``Translator`` as ``nmtkit translate`` with ``options`` (TranslateOptions)."""
+    the same ``Translator`` as ``nmtkit translate`` with ``options`` (TranslateOptions), scored
+    with the recipe's eval.tokenize and eval.lowercase (as ``nmtkit run`` scores dev and test)."""
     from nmtkit.decoding.torch_engine import TorchEngine
     from nmtkit.decoding.translate import Translator
     from nmtkit.scoring.metrics import corpus_scores
@@ -50,5 +51,5 @@ def dev_bleu(model: Seq2Seq, sources: list[str], references: list[str], src_voca
     translator = Translator(TorchEngine(model, src_vocab, tgt_vocab, options, device), options)
     with autocast(device, dtype):
         hyps = translator.translate(sources[:n])
-    scores = corpus_scores(hyps, [references[:n]], metrics=("bleu",))
+    scores = corpus_scores(hyps, [references[:n]], metrics=("bleu",), lowercase=lowercase, tokenize=tokenize)
     return {"dev_bleu": scores["bleu"]["score"]}

@@ -58,6 +58,7 @@ def sentence_attention(loaded, sentence: str, beam_size: int = 4, settings=None,
     ``translate --target-lang`` puts it, so the maps are those of the translation translate gives."""
     from nmtkit.config.schema import DecodeConfig
     from nmtkit.data.vocab import with_tag
+    from nmtkit.decoding.options import SearchSettings
     from nmtkit.decoding.search import beam_search
     from nmtkit.specials import BOS
 
@@ -72,8 +73,8 @@ def sentence_attention(loaded, sentence: str, beam_size: int = 4, settings=None,
     device = next(model.parameters()).device
     src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
     src_mask = torch.ones_like(src, dtype=torch.bool)
-    best = beam_search(model, src, src_mask, beam_size, lenpen=s.lenpen, max_len_a=s.max_len_a,
-                       max_len_b=s.max_len_b, min_len=s.min_len, need_attn=True)[0][0]
+    search = SearchSettings.of(s, beam_size=beam_size, nbest=1, need_attn=True)
+    best = beam_search(model, src, src_mask, search)[0][0]
     if loaded.model_cfg.arch == "transformer":
         tgt_in = torch.tensor([[BOS] + best.tokens], dtype=torch.long, device=device)  # (1, T + 1)
         maps = model.cross_attention_maps(src, src_mask, tgt_in)[:, 0, :, :len(best.tokens)]  # (L, H, T, S)
@@ -155,8 +156,8 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     import json
 
     from nmtkit.decoding.translate import target_tag_for
-    from nmtkit.device import resolve_device
     from nmtkit.modeldir import CONFIG, load_model_dir, saved_decode
+    from nmtkit.runtime.device import resolve_device
 
     if fmt not in ("png", "json"):
         raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")

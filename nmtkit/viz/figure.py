@@ -24,8 +24,8 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def check_image_path(path: str | Path) -> tuple[Path, str]:
-    """The image file ``-o`` names (see nmtkit.outputs) and its format, the suffix of ``path``."""
-    from nmtkit.outputs import check_output_file
+    """The image file ``-o`` names (see nmtkit.storage.outputs) and its format, the suffix of ``path``."""
+    from nmtkit.storage.outputs import check_output_file
 
     target = check_output_file(path)
     kind = Path(path).suffix.lstrip(".").lower()
@@ -56,7 +56,7 @@ def new_figure(width: int, height: int):
 def save_figure(fig, path: str | Path) -> Path:
     """Write ``fig`` in the format its suffix names (png, pdf, svg, ...), atomically (a device
     or named pipe directly)."""
-    from nmtkit.outputs import open_output
+    from nmtkit.storage.outputs import open_output
 
     target, kind = check_image_path(path)
     with open_output(target, "wb") as handle:

@@ -11,14 +11,15 @@ import itertools
 from pathlib import Path
 from typing import Iterator
 
+from nmtkit.config import SourceConfig
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import decode_line, read_lines, shown_path
+from nmtkit.storage.files import decode_line, read_lines, shown_path
 
 SPLITS = ("train", "dev", "test")
 
 
-def paths(data, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]]:
+def paths(data: SourceConfig, splits: tuple[str, ...] = SPLITS) -> dict[str, tuple[Path, Path]]:
     """(source path, target path) per split, checked to exist and be non-empty."""
     if not isinstance(data.files, dict) or not data.files:
         raise ConfigError("data.files: give {train, dev, test} each with "
@@ -61,13 +62,13 @@ def _check_line_ends(path: Path, key: str) -> None:
                         f"text), so it would read as one line; convert it, e.g. tr '\\r' '\\n' < FILE > NEW")
 
 
-def fingerprint(data, splits: tuple[str, ...] = SPLITS) -> dict:
+def fingerprint(data: SourceConfig, splits: tuple[str, ...] = SPLITS) -> dict:
     """Paths with their sizes and modification times: a changed file means a new fetch."""
     return {split: [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in pair]
             for split, pair in paths(data, splits).items()}
 
 
-def read(data, splits: tuple[str, ...] = SPLITS) -> Corpus:
+def read(data: SourceConfig, splits: tuple[str, ...] = SPLITS) -> Corpus:
     """The splits of ``data.files``; with ``splits=("train",)`` (a training-only corpus of
     data.corpora) dev and test are empty."""
     split_paths = paths(data, splits)

@@ -14,14 +14,15 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
+from nmtkit.config import SourceConfig
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import shown_path
+from nmtkit.storage.files import shown_path
 
 BATCH_ROWS = 10_000  # rows per arrow batch when streaming the training split
 
 
-def local_dir(data) -> Path | None:
+def local_dir(data: SourceConfig) -> Path | None:
     """The local dataset directory ``hf_name`` names, or None for a Hub id."""
     path = Path(data.hf_name).expanduser()
     if path.is_dir():
@@ -31,7 +32,7 @@ def local_dir(data) -> Path | None:
     return None
 
 
-def fingerprint(data) -> dict:
+def fingerprint(data: SourceConfig) -> dict:
     """What identifies the dataset: a local directory's files, or the Hub id and revision."""
     if not data.hf_name:
         raise ConfigError("data.hf_name: give a Hub dataset id (e.g. wmt/wmt14) or a local directory")
@@ -44,7 +45,7 @@ def fingerprint(data) -> dict:
     return keys
 
 
-def read(data) -> Corpus:
+def read(data: SourceConfig) -> Corpus:
     fingerprint(data)  # validates hf_name
     dataset = _load(data)
     splits = {ours: _split(dataset, data, ours) for ours in ("train", "dev", "test")}
@@ -61,7 +62,7 @@ def read(data) -> Corpus:
                   train_size=len(splits["train"]))
 
 
-def _load(data):
+def _load(data: SourceConfig):
     """A DatasetDict from disk, parquet or the Hub; failures become one-line DataErrors."""
     import datasets
 
@@ -99,7 +100,7 @@ def _quiet_hub():
             logger.setLevel(level)
 
 
-def _split(dataset, data, ours: str):
+def _split(dataset, data: SourceConfig, ours: str):
     name = (data.hf_splits or {}).get(ours)
     if not name:
         raise ConfigError(f"data.hf_splits.{ours}: missing; the dataset has splits {', '.join(dataset)}")
@@ -109,7 +110,7 @@ def _split(dataset, data, ours: str):
     return dataset[name]
 
 
-def _check_languages(split, data, ours: str) -> None:
+def _check_languages(split, data: SourceConfig, ours: str) -> None:
     if "translation" not in split.column_names:
         raise DataError(f"dataset {data.hf_name} split {ours} has no 'translation' column "
                         f"(columns: {', '.join(split.column_names)})")
@@ -121,7 +122,7 @@ def _check_languages(split, data, ours: str) -> None:
                         f"(languages: {', '.join(langs)})")
 
 
-def _pairs(split, data) -> Iterator[Pair]:
+def _pairs(split, data: SourceConfig) -> Iterator[Pair]:
     """(source, target) rows in order; a missing text (or a null row) reads as empty, anything
     but text is a DataError."""
     for batch in split.iter(batch_size=BATCH_ROWS):

@@ -26,10 +26,12 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from nmtkit.config import SourceConfig
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.data.sources.osis import osis_to_text
+from nmtkit.data.sources.resplit import split_rng
 from nmtkit.errors import DataError
-from nmtkit.files import shown_path
+from nmtkit.storage.files import shown_path
 
 # The Debian packages that ship the modules the quickstart recipe uses.
 DEBIAN_PACKAGES = {"engWEB2015eb": "sword-text-web", "spaRV1909eb": "sword-text-sparv",
@@ -53,20 +55,21 @@ def fingerprint(data) -> dict:
     return found if data.sword_testament == "all" else {**found, "testament": data.sword_testament}
 
 
-def read(data) -> Corpus:
-    """Align the two modules verse by verse and hold out evenly spread dev and test verses."""
+def read(data: SourceConfig, split_seed: int = 0) -> Corpus:
+    """Align the two modules verse by verse and hold out dev and test verses from every book:
+    evenly spread (split 0), or drawn at random by ``split_seed``."""
     refs, pairs, dropped, modules = aligned_verses(Path(data.sword_path), data.sword_src, data.sword_tgt)
     refs, pairs = testament(refs, pairs, data.sword_testament)
     book_sizes = [len(list(group)) for _, group in itertools.groupby(ref[0] for ref in refs)]
-    dev_idx, test_idx = heldout_indices(book_sizes, data.dev_size, data.test_size)
+    dev_idx, test_idx = heldout_indices(book_sizes, data.dev_size, data.test_size, split_seed)
     held = set(dev_idx) | set(test_idx)
     train = [pair for i, pair in enumerate(pairs) if i not in held]
     provenance = {
         "modules": {"src": modules[0], "tgt": modules[1]},
         "aligned_verses": len(pairs),
         "dropped_verses": dropped,
-        "heldout": "evenly spaced verses, a share of every book proportional to its size (at least one), "
-                   "dev and test alternating",
+        "heldout": ("evenly spaced verses" if not split_seed else f"verses drawn at random (split seed {split_seed})")
+                   + ", a share of every book proportional to its size (at least one), dev and test alternating",
         "books": {"dev": len({refs[i][0] for i in dev_idx}), "test": len({refs[i][0] for i in test_idx})},
         "dev_refs": [ref_text(refs[i]) for i in dev_idx],
         "test_refs": [ref_text(refs[i]) for i in test_idx],
@@ -157,20 +160,27 @@ def shifted_chapters(refs: list[Ref], pairs: list[Pair], min_verses: int = 3) ->
     return shifted
 
 
-def heldout_indices(book_sizes: list[int], dev_size: int, test_size: int) -> tuple[list[int], list[int]]:
+def heldout_indices(book_sizes: list[int], dev_size: int, test_size: int,
+                    split_seed: int = 0) -> tuple[list[int], list[int]]:
     """Positions of dev and test items among consecutive books of ``book_sizes`` items.
 
     Every book gets a share proportional to its size, and at least one item when there
-    are enough to go round; within a book the picks are evenly spaced; dev and test then
-    alternate along the picks. Positions depend only on the sizes, so every run agrees.
+    are enough to go round; within a book the picks are evenly spaced (split 0) or drawn
+    at random by ``split_seed`` (another split: the same shares, other verses); dev and
+    test then alternate along the picks. Positions depend only on the sizes and the split
+    seed, so every run agrees.
     """
     n, total = sum(book_sizes), dev_size + test_size
     if dev_size < 0 or test_size < 0 or total >= n:
         raise DataError(f"data.dev_size + data.test_size = {total} leaves no training verses out of {n}")
     quotas = _quotas(book_sizes, total)
     picks, start = [], 0
+    rng = split_rng(split_seed) if split_seed else None
     for size, quota in zip(book_sizes, quotas):
-        picks += [start + (2 * i + 1) * size // (2 * quota) for i in range(quota)]  # centre of each slice
+        if rng is None:
+            picks += [start + (2 * i + 1) * size // (2 * quota) for i in range(quota)]  # centre of each slice
+        else:
+            picks += [start + i for i in sorted(rng.sample(range(size), quota))]
         start += size
     dev, test = [], []
     for i, pos in enumerate(picks):

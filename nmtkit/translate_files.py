@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from nmtkit import __version__
-from nmtkit.checksums import MANIFEST
-from nmtkit.compiler import compile_decoder
 from nmtkit.config import DecodeConfig
 from nmtkit.decoding.guides import Guide, GuideFiles, guides_digest
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.files import check_readable, decode_line, read_json_dict, sha256_file
 from nmtkit.modeldir import CONFIG, saved_decode
-from nmtkit.outputs import check_output_file, is_stream, open_output
-from nmtkit.partial import open_partial, partial_dir
+from nmtkit.runtime.compiler import compile_decoder
+from nmtkit.storage.checksums import MANIFEST
+from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
+from nmtkit.storage.outputs import check_output_file, is_stream, open_output
+from nmtkit.storage.partial import open_partial, partial_dir
 
 
 def resolve_engine(model_dirs: Sequence[str | Path], engine: str) -> str:
@@ -114,7 +114,7 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
                    options: TranslateOptions, console, side: GuideFiles = GuideFiles()) -> None:
     """Translate a file or stdin into a file or stdout, ``chunk_lines`` at a time, each line from
     its prefix and with its constraints when ``side`` names files of them:
-    - ``-i FILE -o FILE``: each finished chunk is saved beside the output (``partial.py``), so
+    - ``-i FILE -o FILE``: each finished chunk is saved beside the output (``storage/partial.py``), so
       the same command after a crash continues from the last one; the output appears whole;
     - stdin on a terminal, or ``options.stream``: each line translated and flushed as it arrives;
     - otherwise a file output is written atomically, a device or named pipe directly.

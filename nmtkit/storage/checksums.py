@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from nmtkit.errors import NmtkitError
-from nmtkit.files import atomic_write_text, read_regular, sha256_file
+from nmtkit.storage.files import atomic_write_text, read_regular, sha256_file
 
 MANIFEST = "checksums.json"
 FORMAT = 1

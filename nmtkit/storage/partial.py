@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from nmtkit.errors import ConfigError, NmtkitError
-from nmtkit.files import LOCK_NAME, atomic_open, atomic_write_text, exclusive, read_regular, sibling_name
+from nmtkit.storage.files import LOCK_NAME, atomic_open, atomic_write_text, exclusive, read_regular, sibling_name
 
 KEY_FILE = "key.json"
 _CHUNK = re.compile(r"chunk-\d{6,}\.txt")

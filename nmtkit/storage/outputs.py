@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator, Optional
 
 from nmtkit.errors import ConfigError
-from nmtkit.files import atomic_open
+from nmtkit.storage.files import atomic_open
 
 
 def names_descriptor(path: str | Path) -> bool:

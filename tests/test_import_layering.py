@@ -10,15 +10,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nmtkit"
 
 # lowest first; a unit is a top-level module or package of nmtkit ("" is nmtkit/__init__.py)
 LAYERS = (
-    ("", "errors", "specials", "allocator", "console", "workdir", "threads", "compiler"),
+    ("", "errors", "specials", "workdir"),
     ("limits", "recipe_text"),
-    ("files", "device"),
-    ("config", "outputs", "partial", "runlog", "checksums"),
+    ("storage", "runtime"),
+    ("config", "runlog"),
     ("data", "models", "scoring"),
     ("modeldir",),
     ("decoding",),
     ("training", "ctranslate2"),
-    ("viz", "card", "translation", "pipeline", "sweep"),
+    ("viz", "card", "translate_files", "pipeline", "sweep"),
     ("serving",),
     ("cli_options",),
     ("cli",),

@@ -1,0 +1,162 @@
+"""The GPU check (benchmarks/gpu_check.py) in its CPU mode, run as the GPU machine would run it:
+without datasets, ctranslate2 or starlette. Every part is present; the correctness parts that
+can run on CPU pass; those that need CUDA say so and are never reported as passed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import common  # noqa: E402
+import gpu_check  # noqa: E402
+
+# the packages the GPU machine lacks: importing one fails, as it would there
+WITHOUT_PACKAGES = """
+import importlib.abc, runpy, sys
+ABSENT = {"datasets", "ctranslate2", "starlette", "uvicorn"}
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ABSENT:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Absent())
+script = sys.argv[1]
+sys.path.insert(0, script.rsplit("/", 1)[0])
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PACKAGES, str(REPO / "benchmarks" / "gpu_check.py"),
+                           "--out", str(out), "--device", "cpu", "--tiny"],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads((out / "gpu_check.json").read_text(encoding="utf-8"))
+    return payload, (out / "gpu_check.md").read_text(encoding="utf-8")
+
+
+def test_every_part_runs_and_the_correctness_parts_pass_on_cpu(check):
+    payload, _ = check
+    parts = payload["parts"]
+    assert list(parts) == list(gpu_check.LIMITS)
+    status = {name: record["status"] for name, record in parts.items()}
+    assert status == {"device": "measured", "invariants": "passed", "training": "passed", "resume": "passed",
+                      "kernels": "skipped", "train_speed": "measured", "quickstart": "measured",
+                      "decode": "measured", "torchrun": "skipped"}, {n: parts[n].get("cause") for n in parts}
+    for name in ("kernels", "torchrun"):
+        assert parts[name]["reason"].startswith("needs CUDA") and "result" not in parts[name]
+    for record in parts.values():
+        assert isinstance(record["seconds"], float) and 0 <= record["seconds"] <= record["limit_s"]
+
+
+def test_correctness_figures_are_numbers_within_their_tolerances(check):
+    parts = check[0]["parts"]
+    invariants = parts["invariants"]["result"]
+    assert {r["variant"] for r in invariants["records"]} == set(gpu_check.VARIANTS)
+    for record in invariants["records"]:
+        worst = max(record["incremental_vs_full"], record["batched_vs_one"], record["padded_vs_unpadded"])
+        assert 0 <= worst <= invariants["tolerance"][record["dtype"]], record
+    training = parts["training"]["result"]
+    assert training["same_device"] and training["max_rel_diff_vs_cpu"] == 0.0  # CPU against itself: exact
+    for dtype in ("bf16", "fp16"):
+        losses = [x for x in training[dtype]["losses"] if x is not None]
+        assert len(losses) >= training["steps"] - 2 and training[dtype]["end_rel_diff_vs_float32"] <= 0.05
+    assert training["float32"]["losses"][-1] < training["float32"]["losses"][0]  # the copy task is learnt
+    resume = parts["resume"]["result"]["deterministic"]
+    assert resume["killed"] and resume["bit_identical"] and resume["max_abs_diff"] == 0.0 and resume["tensors"] > 10
+
+
+def test_speed_figures_are_numbers_and_skips_say_why(check):
+    parts = check[0]["parts"]
+    for record in parts["train_speed"]["result"]["records"]:
+        if "status" in record:
+            assert record["status"].startswith(("skipped: ", "not reached: ")), record
+        else:
+            assert record["tgt_tok_s"] > 0 and record["step_s"] > 0 and record["max_tokens"] > 0, record
+    measured = [r for r in parts["train_speed"]["result"]["records"] if "tgt_tok_s" in r]
+    assert {r["run"] for r in measured} >= {"base-bf16", "big-bf16", "base-fp16", "base-float32", "base-bf16-unchunked"}
+    decode = parts["decode"]["result"]["records"]
+    timed = [r for r in decode if "sent_s" in r]
+    assert {r["config"] for r in timed} >= {"quickstart torch bf16 beam 4", "quickstart torch float32 beam 1",
+                                             "base forced bf16 beam 4", "base forced float32 beam 1"}
+    for record in timed:
+        assert record["sent_s"] > 0 and record["tgt_tok_s"] > 0
+    for record in (r for r in timed if "forced_len" in r):
+        assert record["tgt_tokens"] == record["sentences"] * record["forced_len"]  # exactly the forced length
+    assert {"config": "quickstart ctranslate2", "status": "skipped: ctranslate2 does not import"} in decode
+    quickstart = parts["quickstart"]["result"]
+    assert quickstart["wall_s"] > 0 and 0 <= quickstart["test_bleu"] <= 100 and quickstart["steps"] == 4
+
+
+def test_the_markdown_has_a_row_per_part(check):
+    payload, text = check
+    assert text.startswith("## GPU check")
+    for name, record in payload["parts"].items():
+        assert f"| {name} | {record['status']} |" in text
+
+
+def test_a_failing_hanging_or_crashing_part_is_recorded_and_stopped():
+    def fails(_):
+        raise ValueError("bad input\nsecond line")
+
+    def hangs(_):
+        time.sleep(60)
+
+    def crashes(_):
+        os._exit(3)
+
+    def skips(_):
+        raise common.Skipped("needs CUDA")
+
+    failed = common.run_isolated(fails, None, 30)
+    assert failed["status"] == "error" and failed["cause"] == "ValueError: bad input"
+    assert "raise ValueError" in failed["traceback"]
+    start = time.perf_counter()
+    assert common.run_isolated(hangs, None, 1)["status"] == "timeout"
+    assert time.perf_counter() - start < 10
+    assert common.run_isolated(crashes, None, 30)["status"] == "crashed"
+    assert common.run_isolated(skips, None, 30) == {"status": "skipped", "reason": "needs CUDA",
+                                                    "seconds": pytest.approx(0, abs=10)}
+    assert common.run_isolated(lambda x: x + 1, 41, 30)["value"] == 42
+
+
+def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch):
+    """SDPA's flash kernel takes no mask: a batch without padding must not pass one (encoder
+    self-attention and cross-attention), and the logits are those of the masked computation."""
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1,
+                                    dropout=0.0), 24, 24).eval()
+    src = torch.randint(4, 24, (2, 5))
+    tgt = torch.randint(4, 24, (2, 4))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    with torch.no_grad():
+        unmasked = model(src, src.ne(0), tgt)
+        assert len(seen) == 3 and all(mask is None for mask in seen)  # encoder self, decoder self, cross
+        seen.clear()
+        padded = model(torch.cat([src, torch.zeros(2, 1, dtype=torch.long)], 1),
+                       torch.cat([src.ne(0), torch.zeros(2, 1, dtype=torch.bool)], 1), tgt)
+    assert [mask is None for mask in seen] == [False, True, False]  # decoder self-attention: is_causal
+    torch.testing.assert_close(unmasked, padded, atol=1e-6, rtol=1e-6)

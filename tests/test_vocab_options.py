@@ -1,0 +1,128 @@
+"""vocab.byte_fallback, vocab.normalization and vocab.split_digits: each reaches SentencePiece,
+and what existed before them keeps its meaning: a recipe saying byte_fallback: false keeps the
+very stamps an older nmtkit wrote (its prepared directory is reused as it is), settings recorded
+without the key mean false, and sweep digests do not move; the new default is a difference."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from test_prepare_steps import recipe, splits  # noqa: F401 (fixtures)
+
+from nmtkit.config import Config, from_dict, load_config
+from nmtkit.runtime.console import NmtConsole
+from nmtkit.data import prepare as prep
+from nmtkit.data.identity import prepared_settings, settings_changes, with_defaults
+from nmtkit.data.vocab import Vocab, train_spm
+from nmtkit.errors import ConfigError
+
+
+def run(recipe, *overrides):  # noqa: F811
+    console = NmtConsole(0, file=io.StringIO(), width=200)
+    summary = prep.prepare(load_config(recipe, list(overrides)), console)
+    return summary, console.file.getvalue()
+
+
+def stamp_inputs(recipe_path) -> dict:
+    workdir = json.loads(recipe_path.read_text())["workdir"]
+    return json.loads((__import__("pathlib").Path(workdir) / "prepared" / "stamps" / "spm.json").read_text())["inputs"]
+
+
+def test_byte_fallback_false_keeps_the_stamp_an_older_nmtkit_wrote(recipe):  # noqa: F811
+    summary, printed = run(recipe, "vocab.byte_fallback=false")
+    # the spm step's inputs as nmtkit computed them before these keys existed: nothing added
+    assert sorted(stamp_inputs(recipe)["vocab"]) == ["character_coverage", "input_sentence_size", "joint", "size",
+                                                     "type"]
+    assert summary["vocab"]["byte_fallback"] is False and "no byte fallback" in printed
+    assert run(recipe, "vocab.byte_fallback=false")[0]["steps"]["spm"] == "up to date"
+    # at size 60 "auto" is off too: the same model, the same stamp
+    assert run(recipe)[0]["steps"]["spm"] == "up to date"
+    on, printed = run(recipe, "vocab.byte_fallback=true", "vocab.size=300")
+    assert on["steps"]["spm"] == "done" and on["vocab"]["byte_fallback"] is True and ", byte fallback" in printed
+    assert stamp_inputs(recipe)["vocab"]["byte_fallback"] is True
+
+
+@pytest.mark.parametrize("size, expected", [(300, False), (1023, False), (1024, True), (8000, True)])
+def test_auto_turns_byte_fallback_on_for_real_vocabularies(size, expected):
+    cfg = load_config(None, ["data.source=sword", f"vocab.size={size}"])
+    assert cfg.vocab.byte_fallback == "auto" and cfg.vocab.uses_byte_fallback() is expected
+
+
+def test_settings_recorded_before_the_key_meant_false():
+    recorded = prepared_settings(load_config(None, ["data.source=sword", "vocab.byte_fallback=false"]))
+    del recorded["vocab"]["byte_fallback"], recorded["vocab"]["normalization"], recorded["vocab"]["split_digits"]
+    pinned = load_config(None, ["data.source=sword", "vocab.byte_fallback=false"])
+    assert settings_changes(with_defaults(recorded), prepared_settings(pinned)) == []
+    new_default = load_config(None, ["data.source=sword"])
+    assert settings_changes(with_defaults(recorded), prepared_settings(new_default)) == \
+        ['vocab.byte_fallback: false -> "auto"']
+
+
+def test_sweep_digests_move_only_for_the_new_default():
+    from nmtkit.sweep.spec import changed_settings
+
+    assert "byte_fallback" not in changed_settings(load_config(None, ["data.source=sword", "vocab.byte_fallback=false"]))
+    assert changed_settings(load_config(None, ["data.source=sword"]))["vocab"] == {"byte_fallback": "auto"}
+    assert Config.legacy_tree()["vocab"]["byte_fallback"] is False and Config().vocab.byte_fallback == "auto"
+
+
+def test_a_resumed_run_from_before_the_key_is_compared_with_false(tmp_path):
+    from nmtkit.runlog import saved_section
+
+    cfg = Config()
+    assert saved_section({"vocab": {"size": 8000}}, "vocab", cfg)["byte_fallback"] is False
+    assert saved_section({"vocab": {"byte_fallback": "auto"}}, "vocab", cfg)["byte_fallback"] == "auto"
+
+
+def test_normalization_and_split_digits_reach_sentencepiece(tmp_path):
+    words = "the quick brown fox jumps over lazy dogs while seven wizards quietly hex jovial kings".split()
+    texts = [f"ｆｕｌｌ width {n} and Ⅻ in 2026 numbers {n * 7} " + " ".join(words[(n + i) % len(words)] for i in range(6))
+             for n in range(300)]
+    models = {}
+    for name, options in {"nfkc": {}, "identity": {"normalization": "identity"},
+                          "digits": {"split_digits": True}, "folded": {"normalization": "nmt_nfkc_cf"}}.items():
+        train_spm(texts, tmp_path / f"{name}.model", vocab_size=50, **options)
+        models[name] = Vocab(tmp_path / f"{name}.model")
+    assert models["nfkc"].normalize("ｆｕｌｌ Ⅻ") == "full XII"
+    assert models["identity"].normalize("ｆｕｌｌ Ⅻ") == "ｆｕｌｌ Ⅻ"
+    assert models["folded"].normalize("Full WIDTH") == "full width"
+    digit_pieces = [p for p in models["digits"].pieces(models["digits"].encode("2026 678")) if p.strip("▁")]
+    assert digit_pieces == list("2026678")
+    longest = max(len(p.strip("▁")) for p in models["nfkc"].pieces(models["nfkc"].encode("2026")))
+    assert longest > 1  # without split_digits the year seen in every line is a piece of several digits
+
+
+def test_the_recipe_keys_reach_prepare(recipe):  # noqa: F811
+    summary, _ = run(recipe, "vocab.normalization=identity", "vocab.split_digits=true")
+    assert stamp_inputs(recipe)["vocab"] == {**stamp_inputs(recipe)["vocab"], "normalization": "identity",
+                                             "split_digits": True}
+    assert summary["steps"]["spm"] == "done"
+
+
+@pytest.mark.parametrize("key, value", [("byte_fallback", "true"), ("byte_fallback", "false"),
+                                        ("normalization", "identity"), ("split_digits", "true")])
+def test_a_reused_vocabulary_decides_its_own_options(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=f"vocab.{key} applies when SentencePiece is trained, but vocab.from"):
+        load_config(None, ["data.source=sword", f"vocab.from={tmp_path}", f"vocab.{key}={value}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("vocab.byte_fallback=sometimes", "vocab.byte_fallback: 'sometimes' is not one of auto, true, false"),
+    ("vocab.normalization=nfc", "vocab.normalization: 'nfc' is not one of nmt_nfkc, nfkc, nmt_nfkc_cf, identity"),
+    ("eval.tokenize=moses", "eval.tokenize: 'moses' is not one of \"\", 13a, intl, zh"),
+    ("eval.metrics=bleu,meteor", "eval.metrics: unknown metric 'meteor'"),
+    ("eval.comet_batch_size=0", "eval.comet_batch_size must be"),
+])
+def test_bad_values_are_one_line_config_errors(override, message):
+    with pytest.raises(ConfigError) as raised:
+        from_dict({"data": {"source": "sword"}, **_nested(override)})
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def _nested(override: str) -> dict:
+    key, value = override.split("=", 1)
+    section, name = key.split(".")
+    import yaml
+
+    return {section: {name: yaml.safe_load(value)}}
