@@ -80,7 +80,7 @@ def test_translate_with_any_guide_lines_answers_or_refuses_in_one_line(tmp_path_
     source = root / "in.txt"
     source.write_text("the cat\n" * len(constraint_lines), encoding="utf-8")
     (root / "c").write_text("".join(line.replace("\n", " ") + "\n" for line in constraint_lines), encoding="utf-8")
-    prefixes = [line.replace("\n", " ").replace("\r", " ").encode("utf-8", "surrogateescape") for line in prefix_lines]
+    prefixes = [line.replace("\n", " ").replace("\r", " ").encode("utf-8", "surrogatepass") for line in prefix_lines]
     (root / "p").write_bytes(b"".join(line + b"\n" for line in prefixes))
     out = root / "out.txt"
     try:

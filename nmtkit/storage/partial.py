@@ -72,12 +72,13 @@ class PartialOutput:
         return whole and hashlib.sha256(data).hexdigest() == expected
 
     def save(self, index: int, data: bytes) -> None:
-        """Chunk ``index``, then its digest in key.json: a chunk without a recorded digest (a
-        kill in between) is simply translated again."""
-        with atomic_open(self.chunk_path(index), "wb") as handle:
-            handle.write(data)
+        """Chunk ``index``'s digest in key.json, then the chunk: a chunk file that is there has
+        its digest recorded, and a digest whose chunk a kill kept from being written names
+        nothing (the chunk is translated again)."""
         self.digests[self.chunk_path(index).name] = hashlib.sha256(data).hexdigest()
         _write_key(self.directory, self.key, self.digests)
+        with atomic_open(self.chunk_path(index), "wb") as handle:
+            handle.write(data)
 
     def finish(self, chunks: int) -> None:
         """Write the output from chunks 0 .. ``chunks`` - 1 (atomically), then remove the store."""
