@@ -36,7 +36,7 @@ from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.models.base import Seq2Seq
 from nmtkit.models.build import build_model
 from nmtkit.storage.checksums import MANIFEST, verify, write_manifest
-from nmtkit.storage.files import UMASK, atomic_write_text, replace_directory, sha256_file, temp_beside
+from nmtkit.storage.files import UMASK, atomic_write_text, read_regular, replace_directory, sha256_file, temp_beside
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 MODEL_FILES = (WEIGHTS, CONFIG)  # besides the SentencePiece model(s) that config.json names
@@ -161,14 +161,11 @@ MAX_CONFIG_BYTES = 1 << 20  # a model config is a few kB; anything far larger is
 
 def read_json(path: Path, what: str) -> Any:
     """A small JSON file nmtkit wrote, or a one-line CheckpointError (too large, too deep, not JSON)."""
+    data = read_regular(path, MAX_CONFIG_BYTES, CheckpointError, what)  # a regular file of a config's size
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise CheckpointError(f"{path}: too large for a {what} ({path.stat().st_size:,} bytes)")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise CheckpointError(f"{path}: corrupt {what} ({type(err).__name__}: {str(err)[:200]})") from None
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot read the {what} ({err.strerror})") from None
 
 
 def read_meta(model_dir: str | Path) -> dict:
@@ -176,8 +173,9 @@ def read_meta(model_dir: str | Path) -> dict:
     has one, and checked for the keys every reader relies on."""
     model_dir = Path(model_dir)
     path = model_dir / CONFIG
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{model_dir}: not a model directory (no {CONFIG})")
+    read_regular(path, MAX_CONFIG_BYTES, CheckpointError, "model config")  # not a link to a device, not a pipe
     checked = verify(model_dir, [CONFIG], CheckpointError)
     meta = read_json(path, "model config")
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):

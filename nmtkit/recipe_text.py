@@ -9,6 +9,8 @@ from typing import Any, Optional
 from nmtkit.errors import ConfigError
 
 _PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+MAX_RECIPE_BYTES = 16 << 20  # a recipe or sweep file is a few kB; past this it is not one
+MAX_INT_DIGITS = 100  # every integer setting fits in 19 digits; Python refuses int() past 4,300
 
 
 def safe_yaml(text: str) -> Any:
@@ -41,6 +43,10 @@ def safe_yaml(text: str) -> Any:
             # (a revision, a name) the text would silently change, so only plain decimals are
             # numbers; the rest stay text, which an integer setting reads as decimal or refuses
             if _PLAIN_INT.fullmatch(node.value):
+                digits = len(node.value.lstrip("+-"))
+                if digits > MAX_INT_DIGITS:
+                    raise ConfigError(f"line {node.start_mark.line + 1}: a number of {digits:,} digits is out "
+                                      f"of range for every setting (at most {MAX_INT_DIGITS}); put text in quotes")
                 return super().construct_yaml_int(node)
             return self.construct_scalar(node)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.recipe_text import safe_yaml
-from nmtkit.storage.files import atomic_write_text
+from nmtkit.recipe_text import MAX_RECIPE_BYTES, safe_yaml
+from nmtkit.storage.files import atomic_write_text, read_regular
 from nmtkit.workdir import RunDir, WorkDir
 
 
@@ -41,13 +41,11 @@ def read_run_config(run_dir: str | Path) -> Optional[dict]:
     compares and the model card shows): None when there is none, DataError when damaged."""
     import yaml
 
-    from nmtkit.recipe_text import safe_yaml
-
     path = RunDir(Path(run_dir)).config
     if not path.is_file():
         return None
     try:  # read as a recipe is (no anchors or aliases): the one way a saved config is read
-        saved = safe_yaml(path.read_text(encoding="utf-8")) or {}
+        saved = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, DataError, "run config").decode("utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError, ConfigError):
         saved = None
     if not isinstance(saved, dict) or not all(isinstance(saved.get(s, {}), dict) for s in ("model", "train", "vocab")):

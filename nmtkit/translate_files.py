@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
 from nmtkit import __version__
 from nmtkit.config import DecodeConfig
-from nmtkit.decoding.guides import Guide, GuideFiles
+from nmtkit.decoding.guides import Guide, GuideFiles, guides_digest
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.modeldir import CONFIG, saved_decode
@@ -151,7 +151,7 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
         partial_dir(output_path)  # something in the way is refused before the model loads
     translator = open_translator(model_dirs, options, console)
     if resumable:
-        key = progress_key(model_dirs, scan, translator, side)
+        key = progress_key(model_dirs, scan, translator, guides)
         _translate_resumably(translator, input_path, output_path, scan, key, functools.partial(side.slice, guides),
                              console, scan_state)
     else:
@@ -295,12 +295,13 @@ def scan_input(path: Path, errors: str) -> InputScan:
 
 
 def progress_key(model_dirs: Sequence[str], scan: InputScan, translator: Translator,
-                 side: GuideFiles = GuideFiles()) -> str:
+                 guides: Optional[Sequence[Guide]] = None) -> str:
     """What the output of ``translate -i FILE`` depends on, as one digest: the input's bytes,
-    the models' files, the prefix and constraint files' bytes, every option, the engine's
-    device and dtype, nmtkit's version. Saved chunks are reused only under the same key."""
+    the models' files, the prefixes and constraints as read (a pipe's included), every
+    option, the engine's device and dtype, nmtkit's version. Saved chunks are reused only
+    under the same key."""
     record = {"nmtkit": __version__, "input": dataclasses.asdict(scan), "models": [model_digest(d) for d in model_dirs],
-              "side": [sha256_file(path) if path is not None else None for path in (side.prefix, side.constraints)],
+              "guides": guides_digest(guides),
               "options": dataclasses.asdict(translator.options), "engine": translator.engine.description}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
 

@@ -130,3 +130,15 @@ def test_settings_ctranslate2_cannot_hold_are_refused_by_name(setting, named, re
     err = refused.stderr.decode()
     assert refused.returncode == 2 and err.count("\n") == 1 and named in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_ctranslate2_alignments_do_not_depend_on_the_lines_around_them(reversal_spm, tmp_path):
+    model_dir = train_tiny(reversal_spm, tmp_path / "model", steps=60)
+    out = export_ctranslate2(model_dir, tmp_path / "ct2")
+    lines = [" ".join(s.split()[:3 + i % 5]) for i, (s, _) in enumerate(reversal_pairs(80, 5, length=7))]
+    options = TranslateOptions(beam_size=2, alignments=True, device="cpu", dtype="float32", max_len_b=12,
+                               engine="ctranslate2")
+    translator = Translator(CT2Engine(out, options), options)
+    together = translator.translate(lines)
+    assert together == [translator.translate([line])[0] for line in lines]
+    assert sum("-" in line.split("\t")[-1] for line in together) >= len(lines) // 2  # alignments there

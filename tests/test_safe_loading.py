@@ -351,6 +351,11 @@ BAD_TRAINER_STATES = [  # (edit of trainer.json that checksums.json vouches for,
     (lambda p: p["trainer"].update(surprise=1), "unexpected keyword argument 'surprise'"),
     (lambda p: p["optimizer"]["param_groups"][0].update(params=[0]), "does not match the model's parameters"),
     (lambda p: p.pop("optimizer"), "unexpected trainer state (KeyError"),
+    (lambda p: p["optimizer"]["param_groups"][0].update(lr="fast"), "optimizer setting lr must be a non-negative"),
+    (lambda p: p["optimizer"]["param_groups"][0].update(eps=-1e-8), "optimizer setting eps must be a non-negative"),
+    (lambda p: p["optimizer"]["scalars"].update({"0.step": "4"}), "optimizer scalar 0.step must be a non-negative"),
+    (lambda p: p["optimizer"]["scalars"].update({"0.step": -4}), "optimizer scalar 0.step must be a non-negative"),
+    (lambda p: p["trainer"].update(step=2), "step 2 disagrees with the directory name step_00000004"),
 ]
 
 
@@ -366,6 +371,7 @@ def test_trainer_state_contents_are_checked(two_checkpoints, tmp_path, monkeypat
 @pytest.mark.parametrize("tensor, replacement, fragment", [
     ("rng.torch", lambda t: t[:100], "no valid random number generator state"),
     ("opt.0.exp_avg", lambda t: torch.zeros(3, 3), "optimizer state 0.exp_avg has shape (3, 3)"),
+    ("opt.0.step", lambda t: -t, "optimizer state 0.step must be one non-negative number"),
 ])
 def test_trainer_tensors_are_checked(two_checkpoints, tmp_path, monkeypatch, capsys, tensor, replacement, fragment):
     from safetensors.torch import load_file, save_file

@@ -219,3 +219,32 @@ def test_dev_loss_falls(prepared_task, tmp_path):
     losses = [r["dev_loss"] for r in valid if r["type"] == "valid"]
     assert len(losses) == 3 and losses[-1] < losses[0] - 0.3
     assert all(math.isfinite(x) for x in losses)
+
+
+def test_patience_stops_training_after_that_many_validations_without_improvement(prepared_task, tmp_path,
+                                                                                 monkeypatch):
+    """Scripted dev losses: best, best, worse, best (the count starts again), worse, worse: with
+    patience 2 training stops at the sixth validation, long before max_steps, and a second
+    `train` of the same run does not go on."""
+    import shutil
+
+    from nmtkit.training import trainer
+    from nmtkit.training.checkpoint import latest_checkpoint
+
+    shutil.copytree(prepared_task / "prepared", tmp_path / "prepared")
+    losses = iter([3.0, 2.9, 3.1, 2.8, 3.0, 3.2, 1.0, 0.5])
+    monkeypatch.setattr(trainer, "dev_loss", lambda *a, **k: {"dev_loss": next(losses), "dev_ppl": 1.0})
+    _train(tmp_path, max_steps=40, validate_every=2, save_every=2, log_every=2, patience=2)
+    records = [json.loads(line) for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["type"] == "valid"]
+    assert [r["step"] for r in valid] == [2, 4, 6, 8, 10, 12]
+    assert [r["best"] for r in valid] == [True, True, False, True, False, False]
+    assert max(r["step"] for r in records) == 12
+    state = latest_checkpoint(tmp_path / "train").trainer
+    assert (state.step, state.best_step, state.bad_validations) == (12, 8, 2)
+    _train(tmp_path, max_steps=40, validate_every=2, save_every=2, log_every=2, patience=2)
+    assert latest_checkpoint(tmp_path / "train").trainer.step == 12  # still stopped: no step taken
+    monkeypatch.setattr(trainer, "dev_loss", lambda *a, **k: {"dev_loss": 3.0, "dev_ppl": 1.0})
+    shutil.copytree(prepared_task / "prepared", tmp_path / "never" / "prepared")
+    _train(tmp_path / "never", max_steps=8, validate_every=2, save_every=2, log_every=2, patience=0)
+    assert latest_checkpoint(tmp_path / "never" / "train").trainer.step == 8  # patience 0: never stops early

@@ -145,7 +145,7 @@ def test_the_progress_key_follows_input_models_settings_and_device(tmp_path, mod
 
     def key(path=source, models=(str(model_dir),), description="on cpu in float32", side=GuideFiles(), **settings):
         translator = SimpleNamespace(options=options(**settings), engine=SimpleNamespace(description=description))
-        return progress_key(list(models), scan_input(path, "strict"), translator, side)
+        return progress_key(list(models), scan_input(path, "strict"), translator, side.read())
 
     assert key() == key()
     other_input = write_lines(tmp_path / "other.txt", ["the cat", "a dog."])

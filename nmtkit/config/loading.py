@@ -12,7 +12,7 @@ from nmtkit.config.rules import check_ranges, validate
 from nmtkit.config.schema import (PRESETS, Config, DataConfig, DecodeConfig, ModelConfig, VocabConfig, field_types,
                                   recipe_key, section_type)
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import plain_copy, safe_yaml
+from nmtkit.recipe_text import MAX_INT_DIGITS, MAX_RECIPE_BYTES, plain_copy, safe_yaml
 
 
 def _shown_choice(choice: Any) -> str:
@@ -39,6 +39,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, str) and len(value.strip()) > MAX_INT_DIGITS + 2:  # past int()'s limit too
+            raise ConfigError(f"{key}: expected an integer, got text of {len(value):,} characters "
+                              f"(an integer setting has at most {MAX_INT_DIGITS} digits)")
         try:
             return int(value)
         except ValueError:
@@ -171,8 +174,10 @@ def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"recipe not found: {path}")
+        from nmtkit.storage.files import read_regular
+
         try:
-            raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+            raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "recipe").decode("utf-8")) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
         if not isinstance(raw, dict):
@@ -192,13 +197,12 @@ def save_config(cfg: Config, path: str | Path, only_ours: bool = False) -> None:
     user's recipe named config.yaml in ``workdir: .``) is not replaced."""
     import yaml
 
-    from nmtkit.storage.files import write_text_if_changed
+    from nmtkit.storage.files import refuse_foreign, write_text_if_changed
 
     tree = _plain(cfg.to_dict())
     path = Path(path)
     if only_ours and path.is_file() and not _written_by_nmtkit(path, tree):
-        raise ConfigError(f"{path} exists and nmtkit did not write it (it is where nmtkit keeps the resolved "
-                          f"recipe); move it, or choose another workdir")
+        refuse_foreign(path, "the resolved recipe")
     write_text_if_changed(path, SAVED_HEADER + yaml.safe_dump(tree, sort_keys=False))
 
 
@@ -209,9 +213,12 @@ def _written_by_nmtkit(path: Path, tree: dict) -> bool:
     round-trip byte for byte; a hand-written recipe, with comments and its own layout, does not)."""
     import yaml
 
+    from nmtkit.errors import NmtkitError
+    from nmtkit.storage.files import read_regular
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_regular(path, MAX_RECIPE_BYTES, what="saved config").decode("utf-8")
+    except (NmtkitError, UnicodeDecodeError):
         return False
     if text.startswith(SAVED_HEADER):
         return True

@@ -26,6 +26,8 @@ Differences from the torch engine, by CTranslate2's design:
 from __future__ import annotations
 
 import copy
+import json
+import os
 from pathlib import Path
 
 import torch
@@ -33,8 +35,10 @@ import torch
 from nmtkit.config import ModelConfig
 from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.mapped_vocab import load_vocabs
+from nmtkit.data.vocab import Vocab
 from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
 from nmtkit.errors import CheckpointError, ConfigError
+from nmtkit.storage.files import read_regular
 from nmtkit.modeldir import plain_name, read_json
 from nmtkit.specials import BOS, EOS, PAD
 from nmtkit.storage.checksums import MANIFEST, read_manifest, verify
@@ -68,6 +72,32 @@ def read_export_meta(model_dir: str | Path) -> dict:
     return meta
 
 
+MAX_VOCABULARY_BYTES = 256 << 20  # a million pieces of SentencePiece's longest, JSON-escaped
+
+
+def check_vocabularies(model_dir: Path, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+    """CTranslate2's vocabulary files must list the SentencePiece models' pieces, id for id,
+    as ``nmtkit export`` wrote them: checksums only say a file is the one listed, and one
+    cut short, emptied or reordered (the manifest rewritten to match) would load and map ids
+    to the wrong pieces, or fail inside CTranslate2."""
+    src, tgt = (vocab.pieces(range(len(vocab))) for vocab in (src_vocab, tgt_vocab))
+    shared = model_dir / "shared_vocabulary.json"
+    expected = {shared.name: src} if os.path.lexists(shared) else \
+        {"source_vocabulary.json": src, "target_vocabulary.json": tgt}
+    if os.path.lexists(shared) and src != tgt:
+        raise CheckpointError(f"{shared}: one vocabulary for two different SentencePiece models")
+    for name, pieces in expected.items():
+        path = model_dir / name
+        data = read_regular(path, MAX_VOCABULARY_BYTES, CheckpointError, "CTranslate2 vocabulary")
+        try:
+            listed = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError):
+            listed = None
+        if listed != pieces:
+            raise CheckpointError(f"{path}: not the {len(pieces):,} pieces of the export's SentencePiece model "
+                                  f"(cut short, emptied or edited); export the model again")
+
+
 def ct2_device(name: str) -> tuple[str, int]:
     """Our --device (auto, cpu, cuda, cuda:N) as CTranslate2's (device, device_index)."""
     ctranslate2 = import_ctranslate2()
@@ -94,6 +124,8 @@ class CT2Engine:
         if options.dtype not in COMPUTE_TYPES:
             raise ConfigError(f"--dtype {options.dtype} is not available with --engine ctranslate2")
         device, index = ct2_device(options.device)
+        self.src_vocab, self.tgt_vocab = load_vocabs(model_dir, meta)
+        check_vocabularies(model_dir, self.src_vocab, self.tgt_vocab)
         try:
             self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
                                               compute_type=COMPUTE_TYPES[options.dtype],
@@ -106,7 +138,6 @@ class CT2Engine:
         self.input_limit = self.max_positions or (configured if isinstance(configured, int) and configured > 0
                                                   else ModelConfig().max_positions)  # see torch_engine.input_limit
         self.device = torch.device("cpu")  # where Translator pads the source ids
-        self.src_vocab, self.tgt_vocab = load_vocabs(model_dir, meta)
         self.description = f"with CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
         self.never = [self.tgt_vocab.pieces([PAD]), self.tgt_vocab.pieces([BOS])]  # as our search
         if options.sample:
@@ -119,7 +150,11 @@ class CT2Engine:
                       beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
         return dict(max_input_length=0, min_decoding_length=o.min_len, length_penalty=o.lenpen,
                     return_scores=True, return_end_token=True, suppress_sequences=self.never,
-                    return_attention=o.alignments, **search)
+                    return_attention=o.alignments, **search,
+                    # CTranslate2's batched attention differs in its last bits with the batch's
+                    # padding, enough to move an argmax alignment: with alignments each sentence is
+                    # decoded alone, so its alignment does not depend on the lines around it
+                    **({"max_batch_size": 1} if o.alignments else {}))
 
     def with_options(self, options) -> "CT2Engine":
         """The same loaded model searched with other decode settings (device and compute type stay)."""

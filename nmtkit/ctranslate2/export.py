@@ -39,7 +39,7 @@ from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.modeldir import load_model_dir
 from nmtkit.models.positions import ROPE_BASE
 from nmtkit.storage.checksums import MANIFEST, write_manifest
-from nmtkit.storage.files import atomic_write_text, replace_directory, temp_beside
+from nmtkit.storage.files import atomic_write_text, read_regular, replace_directory, temp_beside
 
 UNSUPPORTED = {  # setting -> why CTranslate2's TransformerSpec cannot hold it (ctranslate2 4.x)
     "positions=alibi": "its TransformerEncoderSpec has no ALiBi (only its decoder does)",
@@ -168,9 +168,9 @@ def export_dir_problem(path: Path) -> Optional[str]:
     """Why ``path`` is not a complete export as ``export_ctranslate2`` writes it (None: it is
     one, so an explicit ``-o`` may replace it)."""
     try:
-        meta = json.loads((path / META).read_text(encoding="utf-8"))
+        meta = json.loads(read_regular(path / META, error=ConfigError).decode("utf-8"))
         spm = set(map(str, vocab_files(meta)))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (NmtkitError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return f"is not a CTranslate2 export of nmtkit (no readable {META})"
     if not (path / "model.bin").is_file():
         return "is an incomplete CTranslate2 export (no model.bin)"

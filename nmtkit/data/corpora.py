@@ -67,6 +67,10 @@ class CorpusStream:
         indexed = bool(data.corpora)
         self.corpora = [read_source(source, first=i == 0, index=i if indexed else None, split_seed=data.split_seed)
                         for i, source in enumerate(self.sources)]
+        self.tags = sorted({source.tag for source in self.sources if source.tag})
+        for source, corpus in zip(self.sources, self.corpora):
+            for src, tgt in corpus.dev + corpus.test:
+                self._check_untagged(src, tgt, source.name)
         first, tag = self.corpora[0], self.sources[0].tag
         self.dev, self.test = ([(with_tag(src, tag), tgt) for src, tgt in pairs] for pairs in (first.dev, first.test))
         heldout = [pair for corpus in self.corpora for pair in corpus.dev + corpus.test]
@@ -107,11 +111,23 @@ class CorpusStream:
                 pairs = itertools.islice(pairs, source.max_train_pairs)
             before, kept = dict(self.filter.counts), 0
             for src, tgt in self.filter(_counting(pairs, advance)):
+                self._check_untagged(src, tgt, source.name)
                 kept += 1
                 yield with_tag(src, source.tag), tgt
             dropped = {rule: count - before[rule] for rule, count in self.filter.counts.items()}
             self.counts.append({"name": source.name, "source": source.source, "tag": source.tag, **dropped,
                                 "kept": kept})
+
+
+    def _check_untagged(self, src: str, tgt: str, name: str) -> None:
+        """A DataError when a corpus tag occurs in the text itself: SentencePiece keeps a reserved
+        piece whole wherever it appears, so every such occurrence would encode as the tag and
+        the model could not tell the data's word from the corpus it marks."""
+        for tag in self.tags:
+            if tag in src or tag in tgt:
+                raise DataError(f"the corpus tag {tag!r} occurs in the text of corpus {name} "
+                                f"({(src if tag in src else tgt)[:60]!r}): it would encode as the tag there; "
+                                "choose a tag the data does not hold (one in angle brackets, such as <bible>, rarely occurs in text)")
 
 
 def _counting(items, advance: Callable[[int], None]) -> Iterator:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from nmtkit.data.ids import ParallelIds
-from nmtkit.storage.files import atomic_write_text, sha256_file
+from nmtkit.storage.files import atomic_write_text, read_json_dict, sha256_file
 
 
 def prepared_settings(cfg) -> dict:
@@ -101,10 +101,7 @@ def read_record(path: Path, warn: Callable[[str], None] = lambda message: None) 
     nmtkit) or when it is damaged (said through ``warn``: there is nothing to compare with then)."""
     if not path.exists():
         return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        record = None
+    record = read_json_dict(path)
     if isinstance(record, dict) and isinstance(record.get("spm"), dict) and isinstance(record.get("train"), dict):
         return record
     warn(f"{path} is damaged: the prepared data is not compared with what the run started on")

@@ -67,6 +67,7 @@ from nmtkit.storage.files import atomic_open, exclusive, sha256_file, write_text
 from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
+MANIFEST_FORMAT = 2  # manifest.json's own: 2 always records `settings` (older manifests may lack them)
 ENCODE_FORMAT = 2  # encode's own: 2 keeps the cleaned training text gzip-compressed
 SPLITS = ("train", "dev", "test")
 SAMPLE_SEED = 1  # SentencePiece's training sample: the same lines every time
@@ -386,6 +387,7 @@ def _manifest(cfg: Config, fetch: dict, spm: dict, encoded: dict) -> dict:
     dropped = {rule: {**fetch["cleaning"], **encoded["cleaning"]}[rule] for rule in RULES}
     return {
         "format": FORMAT,
+        "manifest": MANIFEST_FORMAT,
         "source": fetch["source"],
         "languages": {"src": data.src_lang, "tgt": data.tgt_lang},
         "provenance": fetch["provenance"],

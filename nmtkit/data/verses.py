@@ -7,30 +7,53 @@ out (its manifest's ``dev_refs`` / ``test_refs``, of every corpus) are left out 
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+from nmtkit.data.ids import prepared_file
 from nmtkit.data.sources import sword
-from nmtkit.errors import ConfigError
+from nmtkit.errors import ConfigError, DataError
 from nmtkit.storage.files import read_json_dict
 from nmtkit.storage.outputs import check_output_file, open_output
 
 
 def heldout_refs(prepared: Path) -> tuple[set[str], set[str]]:
-    """The held-out verse references of a prepared directory, and the versifications they use."""
-    manifest = read_json_dict(Path(prepared) / "manifest.json")
-    if manifest is None:
+    """The held-out verse references of a prepared directory, and the versifications they use.
+    The manifest is verified against the directory's checksums.json first and its fields
+    checked: a reference edited or of the wrong type would let a held-out verse into the
+    text, silently."""
+    path = Path(prepared) / "manifest.json"
+    if not os.path.lexists(path):
         raise ConfigError(f"--exclude {prepared}: no manifest.json there (give a prepared/ directory "
                           f"of a recipe with a sword source)")
+    manifest = read_json_dict(prepared_file(path))
+    if manifest is None:
+        raise DataError(f"{path}: not a manifest nmtkit wrote (unreadable, or not a JSON object)")
     provenance = manifest.get("provenance") or {}
+    if not isinstance(provenance, dict):
+        raise DataError(f"{path}: provenance must be a mapping, got {type(provenance).__name__}")
     # one corpus: its provenance; several: {corpus name: provenance}
     found = [provenance] if "dev_refs" in provenance else [p for p in provenance.values() if isinstance(p, dict)]
     found = [p for p in found if "dev_refs" in p]
     if not found:
         raise ConfigError(f"--exclude {prepared}: its data has no sword corpus, so no verse references to leave out")
+    for corpus in found:
+        for key in ("dev_refs", "test_refs"):
+            refs = corpus.get(key, [])
+            if not isinstance(refs, list) or not all(isinstance(ref, str) for ref in refs):
+                raise DataError(f"{path}: {key} must be a list of verse references (text), got "
+                                f"{str(refs)[:80]}")
     refs = {ref for p in found for key in ("dev_refs", "test_refs") for ref in p.get(key, [])}
-    systems = {p.get("modules", {}).get("src", {}).get("versification", "") for p in found}
+    systems = {_versification(p) for p in found}
     return refs, systems - {""}
+
+
+def _versification(corpus: dict) -> str:
+    modules = corpus.get("modules")
+    src = modules.get("src") if isinstance(modules, dict) else None
+    system = src.get("versification", "") if isinstance(src, dict) else ""
+    return system if isinstance(system, str) else ""
 
 
 def module_verses(sword_path: Path, name: str, testament: str = "all") -> tuple[list[sword.Ref], list[str], dict]:

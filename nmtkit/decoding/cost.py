@@ -6,11 +6,17 @@ allocation no machine has: lexically constrained beam search builds, every step,
 ``beam * (3 + constraint pieces)`` (``constraints.LexicalConstraints.expand``), so its memory
 grows with beam x pieces squared. This module turns the shape of one ``engine.search`` call
 into an upper estimate of its peak bytes, so callers refuse what would not fit instead of
-failing inside the allocator. Pure arithmetic on Python integers (no torch, no overflow);
+failing inside the allocator. ``translate`` (through ``Translator``) refuses a line past
+``MAX_SEARCH_BYTES`` and cuts a batch of constrained lines into calls under it; ``serve``
+applies its own bound per request. Pure arithmetic on Python integers (no torch, no overflow);
 the per-element byte counts are upper bounds of what ``search.py`` and ``constraints.py``
 allocate, checked against measured peaks in ``tests/test_search_cost_measured.py``.
 """
 from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from nmtkit.errors import ConfigError
 
 # per decoder row and vocabulary entry, each step: logits, log-softmax, the restricted copy and
 # beam_step's [n, beam * V] candidate scores (4-byte floats), plus topk's and masks' temporaries
@@ -44,3 +50,40 @@ def estimate_search_bytes(sentences: int, source_pieces: int, output_pieces: int
         total += rows * vocab * 4  # restrict(): the [rows, V] mask of pieces that still fit
     return total
 
+
+
+MAX_SEARCH_BYTES = 4 << 30  # translate's bound on one search call (serve sets its own: --max-search-bytes)
+
+
+def check_search_cost(need: int, what: str, pieces: int, beam: int, limit: Optional[int] = None) -> None:
+    """A one-line ConfigError, naming the limit, when a line whose search alone would need
+    ``need`` bytes (``estimate_search_bytes`` of that line, ``pieces`` constraint pieces under
+    ``beam``) is past ``limit`` (default ``MAX_SEARCH_BYTES``): refused before any search runs."""
+    limit = MAX_SEARCH_BYTES if limit is None else limit
+    if need > limit:
+        raise ConfigError(f"{what} has constraints of {pieces:,} pieces: with beam {beam} their search would need "
+                          f"about {_size(need)}, past the limit of {_size(limit)} per search; use fewer or "
+                          f"shorter phrases, or a smaller beam")
+
+
+def split_by_cost(positions: Sequence[int], cost: Callable[[list[int]], int], widest: Callable[[int], int],
+                  limit: Optional[int] = None) -> list[list[int]]:
+    """``positions`` (one batch) cut into search calls whose ``cost`` (bytes of a group of
+    positions, growing with each one added) stays within ``limit`` (default
+    ``MAX_SEARCH_BYTES``), the ``widest`` first, as many to a call as fit; a position past the
+    limit alone keeps a call of its own (``check_search_cost`` refuses it first)."""
+    limit = MAX_SEARCH_BYTES if limit is None else limit
+    calls: list[list[int]] = []
+    for position in sorted(positions, key=lambda i: -widest(i)):
+        if calls and cost(calls[-1] + [position]) <= limit:
+            calls[-1].append(position)
+        else:
+            calls.append([position])
+    return calls
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count:,} bytes"

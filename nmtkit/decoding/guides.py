@@ -8,6 +8,7 @@ search and puts the prefix back as text (``prefixed_text``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +47,30 @@ def parse_constraints(text: str, where: str) -> tuple[str, ...]:
                         f"write one list per line, such as {CONSTRAINTS_EXAMPLE}") from None
     except RecursionError:
         raise DataError(f"{where}: nested too deeply; write a list of strings, such as {CONSTRAINTS_EXAMPLE}") from None
+    except ValueError as err:  # a number past Python's digit limit for int()
+        raise DataError(f"{where}: not a list of phrases ({str(err).split(';')[0]}); "
+                        f"write one list per line, such as {CONSTRAINTS_EXAMPLE}") from None
     if not isinstance(value, list) or not all(isinstance(phrase, str) for phrase in value):
         raise DataError(f"{where}: must be a JSON list of strings, such as {CONSTRAINTS_EXAMPLE}")
     if not all(phrase.strip() for phrase in value):
         raise DataError(f"{where}: a constraint phrase is empty")
+    for phrase in value:
+        try:  # JSON's \ud800 escape gives half of a surrogate pair, which no text can hold
+            phrase.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise DataError(f"{where}: a phrase holds a lone surrogate escape ({ascii(phrase[err.start])}), "
+                            f"which is not a character; write the character itself") from None
     return tuple(value)
+
+
+def guides_digest(guides: Optional[Sequence[Guide]]) -> Optional[str]:
+    """What a translation's guides ask for, as one digest of their content (None without
+    guides). Taken from what was read, not from the files again: a pipe gives its lines
+    once, and a named pipe read a second time would wait for a writer that is gone."""
+    if guides is None:
+        return None
+    record = [[guide.prefix, list(guide.constraints)] for guide in guides]
+    return hashlib.sha256(json.dumps(record, ensure_ascii=False).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Files and streams: ``nmtkit/translate_files.py``.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from nmtkit.data.vocab import with_tag
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.batching import pad_sources, token_batches
+from nmtkit.decoding.cost import check_search_cost, estimate_search_bytes, split_by_cost
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.search import Hypothesis
@@ -50,32 +52,63 @@ class Translator:
                   guides: Optional[Sequence[Guide]] = None) -> list[str]:
         """One output string per line (with nbest > 1 it holds nbest lines joined by newlines);
         ``guides``: a prefix and constraints per line (``decoding/guides.py``)."""
-        sources, results = self.hypotheses(lines, progress, guides)
+        sources, results = self.hypotheses(lines, progress, guides, first_index)
         prefixes = [guide.prefix for guide in guides] if guides is not None else [""] * len(lines)
         return [self.format(first_index + i, results[i], sources[i], prefixes[i]) for i in range(len(lines))]
 
     def hypotheses(self, lines: Sequence[str], progress: Optional[Callable[[int], None]] = None,
-                   guides: Optional[Sequence[Guide]] = None) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+                   guides: Optional[Sequence[Guide]] = None,
+                   first_index: int = 0) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """Source ids and best-first hypotheses of every line, in input order (a blank line
-        gets one empty hypothesis of score 0 without running the model)."""
+        gets one empty hypothesis of score 0 without running the model). Lines with
+        constraints are searched in batches their cost allows (``cost.py``); a line whose
+        constraints cost too much alone is refused before any search runs."""
         opts = self.options
         sources = self.encode(lines)
         targets = target_ids(self.tgt_vocab, guides) if guides is not None and any(guides) else None
         todo = [i for i, ids in enumerate(sources) if ids]
+        pieces = self.constraint_pieces(targets, todo, sources, first_index)
         results: dict[int, list[Hypothesis]] = {}
         rows = opts.nbest if opts.sample else opts.beam_size
         for batch in token_batches([len(sources[i]) for i in todo], opts.batch_tokens, rows):
             positions = [todo[i] for i in batch]
-            src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
-            with torch.inference_mode():
-                found = self.engine.search(src, src_mask, **batch_targets(targets, positions))
-                for position, hyps in zip(positions, found):
-                    results[position] = hyps
-            if progress is not None:
-                progress(len(positions))
+            calls = [positions] if not any(pieces.get(i) for i in positions) else \
+                split_by_cost(positions, lambda group: self.search_cost(group, sources, pieces), pieces.__getitem__)
+            for positions in calls:
+                src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
+                with torch.inference_mode():
+                    found = self.engine.search(src, src_mask, **batch_targets(targets, positions))
+                    for position, hyps in zip(positions, found):
+                        results[position] = hyps
+                if progress is not None:
+                    progress(len(positions))
         if progress is not None and len(lines) > len(todo):
             progress(len(lines) - len(todo))  # empty lines count as done
         return sources, [results.get(i) or [Hypothesis([], 0.0, 0.0)] for i in range(len(lines))]
+
+    def constraint_pieces(self, targets: Optional[tuple[list, list]], todo: Sequence[int],
+                          sources: Sequence[Sequence[int]], first_index: int) -> dict[int, int]:
+        """The constraint pieces of each line to search (position -> count), every constrained
+        line checked against the search bound on its own (``cost.check_search_cost``) before
+        any search runs."""
+        if targets is None:
+            return {}
+        pieces = {i: sum(len(phrase) for phrase in targets[1][i]) for i in todo}
+        for i in todo:
+            if pieces[i]:
+                check_search_cost(self.search_cost([i], sources, pieces), f"line {first_index + i + 1}", pieces[i],
+                                  self.options.beam_size)
+        return pieces
+
+    def search_cost(self, group: Sequence[int], sources: Sequence[Sequence[int]], pieces: dict[int, int]) -> int:
+        """Peak bytes of one search call over the lines ``group`` (``cost.estimate_search_bytes``)."""
+        o = self.options
+        longest = max(len(sources[i]) for i in group)
+        output = math.floor(o.max_len_a * longest + o.max_len_b)
+        if self.engine.max_positions:
+            output = min(output, self.engine.max_positions - 1)
+        return estimate_search_bytes(len(group), longest, output, o.nbest if o.sample else o.beam_size,
+                                     len(self.tgt_vocab), max(pieces[i] for i in group), o.alignments)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids per line ([] for blank lines), cut to ``input_limit`` pieces. A line far

@@ -12,11 +12,12 @@ returning False).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Iterable, Optional
 
 from nmtkit.errors import NmtkitError
-from nmtkit.storage.files import atomic_write_text, sha256_file
+from nmtkit.storage.files import atomic_write_text, read_regular, sha256_file
 
 MANIFEST = "checksums.json"
 FORMAT = 1
@@ -37,12 +38,10 @@ def write_manifest(directory: Path, names: Iterable[str]) -> None:
 def read_manifest(directory: Path, error: type[NmtkitError]) -> Optional[dict[str, dict]]:
     """The listed files of ``directory``'s manifest; None when it has none; ``error`` when it is damaged."""
     path = Path(directory) / MANIFEST
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        if not path.is_file() or path.stat().st_size > MAX_MANIFEST_BYTES:
-            raise ValueError("not a manifest file")
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(read_regular(path, MAX_MANIFEST_BYTES, error, "checksum manifest").decode("utf-8"))
         files = manifest["files"]
         if manifest.get("format") != FORMAT or not isinstance(files, dict) or not all(
                 isinstance(name, str) and "/" not in name and isinstance(entry, dict)

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from nmtkit.errors import DataError, NmtkitError
+from nmtkit.errors import ConfigError, DataError, NmtkitError
 
 UMASK = os.umask(0o022)  # read the process umask (setting it is the only way) ...
 os.umask(UMASK)  # ... and put it back
@@ -34,8 +34,14 @@ LOCK_NAME = ".nmtkit.lock"  # named as ours: a work directory may be the user's,
 
 def sibling_name(path: Path, tag: str) -> str:
     """The name of something nmtkit keeps beside ``path``: ``.NAME.nmtkit-TAG`` (temporary files,
-    a translation's finished chunks), so that whose it is and what for can be read off it."""
-    return f".{path.name[:_NAME_CHARS]}.nmtkit-{tag}"
+    a translation's finished chunks), so that whose it is and what for can be read off it. A
+    NAME too long to keep whole is cut and followed by a digest of the whole name, so two
+    names that share their first characters never share a sibling."""
+    name = path.name
+    if len(name) > _NAME_CHARS:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        name = f"{name[:_NAME_CHARS - 17]}~{digest}"
+    return f".{name}.nmtkit-{tag}"
 
 
 def _temp_prefix(path: Path) -> str:
@@ -204,6 +210,15 @@ def replace_directory(tmp: Path, out_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def refuse_foreign(path: str | Path, role: str, where: str = "workdir") -> None:
+    """The one rule for a file nmtkit keeps in a directory that may be the user's (a work
+    directory, a sweep's): the caller found ``path`` there and could not recognise it as one
+    nmtkit wrote, so it is the user's, and nmtkit replaces nothing it did not create."""
+    raise ConfigError(
+        f"{path} exists and nmtkit did not write it (it is where nmtkit keeps {role}); move it, "
+        f"or choose another {where}")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     with atomic_open(path, "w") as handle:
         handle.write(text)
@@ -230,13 +245,46 @@ def shown_path(path: str | Path, key: str, given: str | Path | None = None) -> s
     return f"{absolute} ({key} = {str(given)!r}, relative to the current directory {os.getcwd()})"
 
 
+MAX_RECORD_BYTES = 1 << 20  # a record, stamp, manifest or model config nmtkit writes is a few kB
+
+
+def read_regular(path: str | Path, limit: int = MAX_RECORD_BYTES, error: type[NmtkitError] = DataError,
+                 what: str = "file") -> bytes:
+    """The bytes of ``path``, which must be a regular file (a link to one is followed) of at most
+    ``limit`` bytes, else ``error`` in one line. Where nmtkit expects a file it wrote, a link to
+    /dev/zero would be read until memory runs out and a named pipe would wait for a writer
+    forever: the kind and size are checked on the opened descriptor (opened without waiting)
+    before a byte is read, and no more than ``limit`` bytes are ever read."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise error(f"{path}: cannot read the {what} ({err.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: not a regular file (a {what} is one); replace it with the file itself")
+        if info.st_size > limit:
+            raise error(f"{path}: {info.st_size:,} bytes, more than a {what} holds (at most {limit:,})")
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    except OSError as err:
+        raise error(f"{path}: cannot read the {what} ({err.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew while it was read
+        raise error(f"{path}: more than a {what} holds (at most {limit:,} bytes)")
+    return data
+
+
 def read_json_dict(path: str | Path) -> dict | None:
     """A small JSON record nmtkit wrote (a stamp, a record, a saved config), or None when it
-    is missing, unreadable, damaged, nested past the parser's depth, or not an object: the
-    callers treat all of these as "no record"."""
+    is missing, unreadable, not a regular file of a record's size, damaged, nested past the
+    parser's depth, or not an object: the callers treat all of these as "no record"."""
     try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        record = json.loads(read_regular(path).decode("utf-8"))
+    except (NmtkitError, ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
 

@@ -4,11 +4,15 @@ by the runner before any run, read by ``nmtkit plot SWEEP_DIR``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
+from typing import Optional
 
 from nmtkit.errors import ConfigError
-from nmtkit.storage.files import atomic_write_text, read_json_dict
+from nmtkit.storage.files import atomic_write_text, read_json_dict, refuse_foreign
+from nmtkit.sweep.record import RECORD
 from nmtkit.sweep.spec import VARIANT_NAME, Sweep, variant_dir
 from nmtkit.workdir import WorkDir
 
@@ -55,8 +59,8 @@ def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
     if not plan_path.is_file():
         return None
     try:
-        names = [v["name"] for v in json.loads(plan_path.read_text(encoding="utf-8"))["variants"]]
-    except (ValueError, KeyError, TypeError, RecursionError):
+        names = [v["name"] for v in (read_json_dict(plan_path) or {})["variants"]]
+    except (KeyError, TypeError):
         names = None
     if not names or not all(isinstance(name, str) and VARIANT_NAME.fullmatch(name) for name in names):
         raise ConfigError(f"{plan_path}: not a sweep plan written by `nmtkit sweep`")
@@ -65,3 +69,38 @@ def sweep_runs(directory: str | Path) -> list[tuple[str, Path]] | None:
     if not runs:
         raise ConfigError(f"{directory}: no variant of this sweep has trained yet")
     return runs
+
+
+def _is_plan(record: Optional[dict]) -> bool:
+    return record is not None and isinstance(record.get("sweep"), str) and isinstance(record.get("variants"), list)
+
+
+def refuse_foreign_files(sweep: Sweep) -> None:
+    """A one-line error, before anything is written, when the sweep's directory holds a file of
+    the names the sweep writes that nmtkit did not write (``files.refuse_foreign``): the
+    directory is the sweep's once its sweep.json is a plan; before that, a sweep.json,
+    results.json, results.md or a variant's sweep-run.json there must read as one of ours."""
+    workdir = sweep.workdir
+    if _is_plan(read_json_dict(workdir / "sweep.json")):
+        return
+    recognised = {"sweep.json": _is_plan, "results.json": _is_plan,
+                  "results.md": lambda path: _starts_with(path, b"# Sweep ")}
+    for name, ours in recognised.items():
+        path = workdir / name
+        if os.path.lexists(path) and not ours(read_json_dict(path) if name.endswith(".json") else path):
+            refuse_foreign(path, "the sweep's " + ("plan" if name == "sweep.json" else "results"), "sweep workdir")
+    for variant in sweep.variants:
+        path = sweep.variant_dir(variant.name) / RECORD
+        record = read_json_dict(path)
+        if os.path.lexists(path) and not (record and isinstance(record.get("config"), str)
+                                          and isinstance(record.get("status"), str)):
+            refuse_foreign(path, f"the record of variant {variant.name}", "sweep workdir")
+
+
+def _starts_with(path: Path, start: bytes) -> bool:
+    """Whether the regular file ``path`` starts with ``start`` (only that much is read)."""
+    try:
+        with open(path, "rb") if path.is_file() else contextlib.nullcontext(None) as handle:
+            return handle is not None and handle.read(len(start)) == start
+    except OSError:
+        return False

@@ -29,7 +29,7 @@ from typing import Optional
 
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.storage.files import atomic_write_text, exclusive
-from nmtkit.sweep.plan import write_plan
+from nmtkit.sweep.plan import refuse_foreign_files, write_plan
 from nmtkit.sweep.record import RECORD, read_record, variant_status
 from nmtkit.sweep.spec import Sweep, Variant, run_command
 from nmtkit.workdir import WorkDir
@@ -60,6 +60,7 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     counts = {v.name: _counts(v) for v in sweep.variants}
     sweep.workdir.mkdir(parents=True, exist_ok=True)
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
+        refuse_foreign_files(sweep)
         write_plan(sweep, counts)
         failed = []
         for number, variant in enumerate(selected, 1):

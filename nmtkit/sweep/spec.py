@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -40,12 +41,14 @@ from typing import Any
 
 from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import plain_copy, safe_yaml
+from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
+from nmtkit.storage.files import read_regular
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid", "seeds", "splits")
 MAX_SPLITS = 100
 VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
 RESERVED_OVERRIDES = ("name", "workdir")  # the sweep places every variant itself
+MAX_VARIANTS = 10_000  # each variant is a training run: far past any sweep that finishes
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,119}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
@@ -175,7 +178,11 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
     entries = list(raw.get("variants") or [])
     if raw.get("grid") is not None:
         entries.append({"grid": raw["grid"]})
-    named = [item for index, entry in enumerate(entries, 1) for item in _expand(entry, f"{path}: variant {index}")]
+    named = []
+    for index, entry in enumerate(entries, 1):
+        named += _expand(entry, f"{path}: variant {index}")
+        if len(named) > MAX_VARIANTS:
+            raise ConfigError(f"{path}: more than {MAX_VARIANTS:,} variants; split the sweep into smaller ones")
     if not named:
         raise ConfigError(f"{path}: no variants (give `variants:` and/or `grid:`)")
     _check_names(path, [name for name, _, _ in named])
@@ -250,7 +257,7 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"sweep file not found: {path}")
     try:
-        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}  # no aliases: see recipe_text.py
+        raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "sweep file").decode("utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not a valid YAML sweep file ({str(err).splitlines()[0]})") from None
     if not isinstance(raw, dict):
@@ -295,10 +302,10 @@ def _text(value: Any) -> str:
     import yaml
 
     if isinstance(value, str):
-        try:
-            if yaml.safe_load(value) == value:
+        try:  # read back as the override will be (recipe_text's rules: a huge number is refused there)
+            if safe_yaml(value) == value:
                 return value
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ConfigError):
             pass
     return json.dumps(value, ensure_ascii=False)
 
@@ -327,6 +334,10 @@ def _expand(entry: Any, where: str) -> list[tuple[str, Any, list[str]]]:
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}: grid key {key} needs a non-empty list of values, got {values!r}")
         _override_items({key: values[0]}, where)
+    combinations = math.prod(len(values) for values in grid.values())
+    if combinations > MAX_VARIANTS:  # sized before a single combination is made
+        raise ConfigError(f"{where}: the grid has {combinations:,} combinations, more than a sweep runs "
+                          f"(at most {MAX_VARIANTS:,} variants); split it into smaller sweeps")
     labels = _grid_labels(list(grid))
     combos = []
     for values in itertools.product(*grid.values()):
@@ -354,7 +365,8 @@ def _check_names(path: Path, names: list[str]) -> None:
     seen = set()
     for name in names:
         if not VARIANT_NAME.fullmatch(name):
-            raise ConfigError(f"{path}: variant name {name!r} must start with a letter or digit and hold only "
+            shown = repr(name) if len(name) <= 130 else f"{name[:120]!r}... ({len(name):,} characters)"
+            raise ConfigError(f"{path}: variant name {shown} must start with a letter or digit and hold only "
                               f"letters, digits and . _ = , + - (at most 120 characters)")
         if name in seen:
             raise ConfigError(f"{path}: two variants are named {name}")

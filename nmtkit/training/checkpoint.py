@@ -24,7 +24,7 @@ from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
 from nmtkit.storage.checksums import verify
 from nmtkit.storage.files import atomic_write_text, sha256_file
-from nmtkit.modeldir import (check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
+from nmtkit.modeldir import (CONFIG, check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
                              read_weights, save_model_dir, state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir
 
@@ -77,14 +77,28 @@ def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], info: dict) -> dict:
+    """The optimizer state dict from its tensors and trainer.json's part, every value checked
+    (ValueError/TypeError): the checksums only say the file is the one written, and an edited
+    one rewritten to match must not reach ``load_state_dict`` or the first update."""
     state: dict = {}
     for name, tensor in tensors.items():
         if name.startswith("opt."):
             _, idx, key = name.split(".", 2)
+            if key == "step" and (tensor.numel() != 1 or not bool(torch.isfinite(tensor).all()) or tensor.item() < 0):
+                raise ValueError(f"optimizer state {idx}.step must be one non-negative number")
             state.setdefault(int(idx), {})[key] = tensor
     for name, value in info["scalars"].items():
         idx, key = name.split(".", 1)
+        if not _finite_number(value) or value < 0:
+            raise ValueError(f"optimizer scalar {name} must be a non-negative number, got {value!r}")
         state.setdefault(int(idx), {})[key] = value
+    for group in info["param_groups"]:
+        if not isinstance(group.get("params"), list) or not all(_index(i) for i in group["params"]):
+            raise ValueError("an optimizer parameter group must list parameter indices")
+        for key, value in group.items():
+            if key != "params" and not _setting(value):
+                raise ValueError(f"optimizer setting {key} must be a non-negative number, a flag or null, "
+                                 f"got {value!r}")
     groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in info["param_groups"]]
     return {"state": state, "param_groups": groups}
 
@@ -140,6 +154,7 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
         ema_saved = payload["ema"]
     except (TypeError, KeyError, ValueError, AttributeError) as err:
         raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({type(err).__name__}: {err})") from None
+    _check_step(path, trainer, meta)
     if ema_saved:
         raw = {k[4:]: v for k, v in tensors.items() if k.startswith("raw.")}
         ema = model_weights
@@ -155,9 +170,23 @@ def read_trainer_state(path: Path) -> TrainerState:
     """Only the trainer state of checkpoint ``path`` (verified and checked; no tensors read)."""
     verify(path, [TRAINER_JSON], CheckpointError)
     try:
-        return trainer_state(read_json(path / TRAINER_JSON, "trainer state")["trainer"])
+        state = trainer_state(read_json(path / TRAINER_JSON, "trainer state")["trainer"])
     except (TypeError, KeyError, ValueError) as err:
         raise CheckpointError(f"{path / TRAINER_JSON}: unexpected trainer state ({type(err).__name__}: {err})") from None
+    _check_step(path, state)
+    return state
+
+
+def _check_step(path: Path, trainer: TrainerState, meta: Optional[dict] = None) -> None:
+    """A checkpoint's step is written three times (its directory's name, config.json and
+    trainer.json): an edit of one, checksums rewritten to match, must not resume a run at
+    another step than the weights were saved at."""
+    named = checkpoint_step(path) if STEP_DIR.match(path.name) else trainer.step
+    recorded = meta.get("step", trainer.step) if meta is not None else trainer.step
+    for where, step in ((f"the directory name {path.name}", named), (f"{CONFIG} (step {recorded})", recorded)):
+        if step != trainer.step:
+            raise CheckpointError(f"{path / TRAINER_JSON}: step {trainer.step} disagrees with {where}: "
+                                  f"an edited checkpoint; move it away")
 
 
 _COUNTERS = ("step", "epoch", "batch_in_epoch", "epoch_batches", "best_step", "bad_validations", "skipped_steps")
@@ -190,6 +219,18 @@ def trainer_state(raw: dict) -> TrainerState:
 
 def _finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _setting(value) -> bool:
+    """An optimizer setting as torch keeps them: a flag, null, a non-negative number or a
+    list of them (betas)."""
+    if isinstance(value, list):
+        return all(_setting(item) for item in value)
+    return value is None or isinstance(value, bool) or (_finite_number(value) and value >= 0)
 
 
 def check_fits(ck: LoadedCheckpoint, model, optimizer) -> None:

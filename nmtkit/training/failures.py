@@ -28,3 +28,17 @@ def out_of_memory_names(batch, update: int, max_tokens: int):
                               f"({batch.src.numel()} source and {batch.tgt_in.numel()} target tokens with "
                               f"padding); lower train.max_tokens (now {max_tokens}) and raise train.update_freq "
                               f"to keep the effective batch") from err
+
+
+def too_few_batches(batches: int, pairs: int, per_update: int, max_tokens: int, weighted: bool) -> str:
+    """Why an epoch of ``batches`` batches (``pairs`` pairs) cannot fill one update of
+    ``per_update`` batches, and the change that can help: smaller batches only while the epoch
+    has a pair for each batch an update takes; fewer pairs than that need larger corpus
+    weights (``weighted``: the recipe mixes corpora) or fewer batches per update."""
+    head = f"an update takes {per_update} batches but an epoch has only {batches} ({pairs} pairs)"
+    if pairs >= per_update:
+        return f"{head}; lower train.max_tokens (now {max_tokens}) or the batches per update"
+    weights = "raise the data.corpora weights (a corpus gives round(weight x its pairs) to an epoch) or " \
+        if weighted else ""
+    return f"{head}, fewer than the batches an update takes: {weights}lower the batches per update " \
+           f"(train.update_freq, or the GPUs)"

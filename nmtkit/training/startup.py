@@ -112,7 +112,10 @@ def check_prepared_settings(cfg: Config, prepared: Path) -> None:
         else None
     recorded = (manifest or {}).get("settings")
     if not isinstance(recorded, dict):
-        return
+        if isinstance(manifest, dict) and manifest.get("manifest", 1) != 1:  # a manifest that always records them
+            raise DataError(f"{prepared / 'manifest.json'}: its settings are missing or not a mapping, so the "
+                            f"recipe cannot be checked against the data; run `nmtkit prepare` on this recipe again")
+        return  # a manifest of an nmtkit that did not record them
     differ = settings_changes(with_defaults(recorded), prepared_settings(cfg))
     if differ:
         more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""

@@ -35,7 +35,7 @@ from nmtkit.runtime.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint
 from nmtkit.training.ema import ema_weights, restored_ema, update_ema
-from nmtkit.training.failures import TrainingStopped, out_of_memory_names
+from nmtkit.training.failures import TrainingStopped, out_of_memory_names, too_few_batches
 from nmtkit.training.init_from import init_source, start_from
 from nmtkit.training.loss import TrainingLoss
 from nmtkit.training.optim import make_optimizer
@@ -204,8 +204,8 @@ class Trainer:
                 src_lengths, tgt_lengths = data.src_lengths(), data.tgt_lengths()
             batches = self._epoch_batches(src_lengths, tgt_lengths, epoch)
             if len(batches) < per_update:
-                raise ConfigError(f"an update takes {per_update} batches but an epoch has only {len(batches)}; "
-                                  f"lower train.max_tokens or the batches per update")
+                raise ConfigError(too_few_batches(len(batches), sum(len(b) for b in batches), per_update,
+                                                  t.max_tokens, self.corpus_weights is not None))
             for start in range(skip, len(batches) - per_update + 1, per_update):
                 yield (epoch, len(batches), start + per_update, (data, src_lengths, tgt_lengths),
                        batches[start:start + per_update])
