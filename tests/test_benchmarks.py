@@ -66,6 +66,10 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         assert len(direct.splitlines()) == 8
     records = startup.main([*shared, "--repeats", "1"])
     assert records[0]["what"] == "nmtkit --help" and all(r["median_s"] > 0 for r in records)
+    first = {r["what"]: r for r in records if r["what"].startswith("launch to first line")}
+    assert sorted(first) == ["launch to first line, file", "launch to first line, piped"]
+    assert first["launch to first line, piped"]["command"].startswith("echo LINE | nmtkit -q translate -m ")
+    assert first["launch to first line, file"]["command"].endswith(" -i FILE")
     for name in ("train_speed", "decode_speed", "startup"):
         payload = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
         assert payload["records"] and payload["machine"]["cores"] >= 1
