@@ -206,10 +206,12 @@ def child(cfg: dict) -> None:
 
     keep_freed_memory()  # as the nmtkit CLI does
     bound_onednn_cache()
-    import torch
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.runtime.threads import configure_threads
 
-    torch.set_num_threads(cfg["threads"])
-    print(json.dumps(measure(cfg)))
+    # N: N threads; 0: nmtkit's auto choice (translate --threads 0), as busy_machine.py measures it
+    threads = configure_threads(cfg["threads"], NmtConsole(verbosity=-1), what="translating", option="--threads")
+    print(json.dumps({**measure(cfg), "threads_used": threads}))
 
 
 # -- the parent: the matrix of configurations -----------------------------------------------

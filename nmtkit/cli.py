@@ -136,6 +136,9 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
               decode_flags: opts.DecodeFlags, call: opts.CallFlags) -> None:
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
+    from nmtkit.runtime.threads import start_reading
+
+    start_reading(run_flags.threads)  # auto threads: the load is read while torch and the model load
     from nmtkit.decoding.guides import GuideFiles
     from nmtkit.translate_files import resolve_options, translate_file
 
@@ -177,6 +180,9 @@ def serve(
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health, /info, /metrics (needs the serve extra).
     A request's decode settings default to these flags, else to the model's saved ones, as in translate."""
+    from nmtkit.runtime.threads import start_reading
+
+    start_reading(run_flags.threads)  # auto threads: the load is read while the HTTP stack and the model load
     from nmtkit.serving import require_http_stack
 
     require_http_stack()

@@ -50,6 +50,8 @@ class RunFlags:
     dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its "
                                        "compute type).")] = DEFAULTS.dtype
     target_lang: TargetLang = DEFAULTS.target_lang
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto, the cores other processes leave "
+                                         "free, measured at start; OMP_NUM_THREADS is used where set).")] = DEFAULTS.threads
 
 
 @dataclass

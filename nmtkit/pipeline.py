@@ -61,6 +61,15 @@ def open_translator(model_dir: Path, meta: dict, options):
     return Translator(TorchEngine.from_loaded([load_model_dir(model_dir, meta=meta)], options), options)
 
 
+def decoding_translator(cfg: Config, model_dir: Path, meta: dict, options, console):
+    """``open_translator`` on the threads ``train.threads`` chooses now (auto: measured again, as
+    the load may have changed while training ran); called once, and only when a split needs it."""
+    from nmtkit.runtime.threads import configure_threads
+
+    configure_threads(cfg.train.threads, console, what="translating", option="train.threads")
+    return open_translator(model_dir, meta, options)
+
+
 def translate_split(cfg: Config, split: str, out_dir: Path, console, options, weights_sha256: Optional[str],
                     translator: Callable[[], Any]) -> tuple[list[str], float]:
     """Translate prepared/{split}.{src} with ``options`` (``decode_options``), cached by a stamp of
@@ -135,7 +144,7 @@ def run_recipe(cfg: Config, console) -> dict:
     console.rule("[bold]3/4 translate")
     model_dir, meta = choose_model(cfg, run_dir, console)
     options = decode_options(cfg)
-    translator = functools.lru_cache(maxsize=None)(lambda: open_translator(model_dir, meta, options))  # loaded once
+    translator = functools.lru_cache(maxsize=None)(lambda: decoding_translator(cfg, model_dir, meta, options, console))
     out_dir = work.results
     results: dict = {"recipe": cfg.name, "model_dir": str(model_dir), "splits": {}}
     for split in ("dev", "test", *corpus_tests(cfg)):

@@ -28,6 +28,7 @@ from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncat
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.modeldir import CONFIG, saved_decode
 from nmtkit.runtime.compiler import compile_decoder
+from nmtkit.runtime.threads import configure_threads
 from nmtkit.storage.checksums import MANIFEST
 from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
 from nmtkit.storage.outputs import check_output_file, is_stream, open_output
@@ -100,7 +101,9 @@ def read_guides(model_dirs: Sequence[str], options: TranslateOptions, side: Guid
 
 
 def open_translator(model_dirs: Sequence[str], options: TranslateOptions, console) -> Translator:
-    """The ``Translator`` of ``model_dirs`` under ``options`` (its decoder compiled on request)."""
+    """The ``Translator`` of ``model_dirs`` under ``options`` (its decoder compiled on request),
+    on ``options.threads`` CPU threads (0: the cores other processes leave free)."""
+    configure_threads(options.threads, console, what="translating", option="--threads")
     engine = open_engine(model_dirs, options)
     if options.compile:
         if not hasattr(engine, "model"):  # --engine auto chose ctranslate2 for an export
@@ -298,11 +301,12 @@ def progress_key(model_dirs: Sequence[str], scan: InputScan, translator: Transla
                  guides: Optional[Sequence[Guide]] = None) -> str:
     """What the output of ``translate -i FILE`` depends on, as one digest: the input's bytes,
     the models' files, the prefixes and constraints as read (a pipe's included), every
-    option, the engine's device and dtype, nmtkit's version. Saved chunks are reused only
-    under the same key."""
+    option but the thread count, the engine's device and dtype, nmtkit's version. Saved chunks
+    are reused only under the same key."""
+    options = dataclasses.asdict(translator.options)
+    options.pop("threads")  # auto may choose differently on each start: the count must not discard saved chunks
     record = {"nmtkit": __version__, "input": dataclasses.asdict(scan), "models": [model_digest(d) for d in model_dirs],
-              "guides": guides_digest(guides),
-              "options": dataclasses.asdict(translator.options), "engine": translator.engine.description}
+              "guides": guides_digest(guides), "options": options, "engine": translator.engine.description}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
 
 

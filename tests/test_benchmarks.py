@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         assert len(direct.splitlines()) == 8
     records = startup.main([*shared, "--repeats", "1"])
     assert records[0]["what"] == "nmtkit --help" and all(r["median_s"] > 0 for r in records)
+    first = {r["what"]: r for r in records if r["what"].startswith("launch to first line")}
+    assert sorted(first) == ["launch to first line, file", "launch to first line, piped"]
+    assert first["launch to first line, piped"]["command"].startswith("echo LINE | nmtkit -q translate -m ")
+    assert first["launch to first line, file"]["command"].endswith(" -i FILE")
     for name in ("train_speed", "decode_speed", "startup"):
         payload = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
         assert payload["records"] and payload["machine"]["cores"] >= 1
@@ -334,3 +339,24 @@ def test_learning_curve_draws_bleu_against_updates_and_minutes(tmp_path):
     for x in ("updates", "minutes"):
         learning_curve.plot(points, tmp_path / f"{x}.png", x=x)
         assert (tmp_path / f"{x}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_busy_machine_measures_decoding_idle_and_beside_a_spinning_process(trained, tmp_path):
+    import busy_machine
+
+    model, data = trained
+    records = busy_machine.main(["--model", str(model), "--data", str(data), "--out", str(tmp_path), "--work",
+                                 "decode", "--settings", "one,auto", "--max-sentences", "6", "--warmup", "1",
+                                 "--beam", "2"])
+    assert [(r["work"], r["setting"], r["machine_state"]) for r in records] == [
+        ("decode", "one", "idle"), ("decode", "one", "1 competing"), ("decode", "auto", "idle"),
+        ("decode", "auto", "1 competing")]
+    for record in records:
+        assert record["sentences"] == 6 and record["throughput"] == record["sent_s"] > 0
+    assert records[0]["threads_used"] == records[1]["threads_used"] == 1
+    cores = len(os.sched_getaffinity(0))
+    assert 1 <= records[3]["threads_used"] <= max(1, cores - 1)  # the spinner's core left to it
+    assert records[1]["busy_over_idle"] == round(records[1]["sent_s"] / records[0]["sent_s"], 3)
+    assert records[2]["idle_over_baseline"] == round(records[2]["sent_s"] / records[0]["sent_s"], 3)
+    table = (tmp_path / "busy_machine.md").read_text(encoding="utf-8")
+    assert table.startswith("## Training and decoding on a busy machine") and "| decode | auto |" in table

@@ -1,12 +1,18 @@
-"""CPU threads for training on a machine that other processes share.
+"""CPU threads for training and decoding on a machine that other processes share.
 
 PyTorch's intra-op pool splits each parallel region evenly over its threads and waits for
 the last one. When another process keeps one of two cores busy, every region waits for the
-thread that shares that core, and a quickstart training fell from ~5,500 to 470-850 target
-tokens/s (issue 20), far below what one thread on the free core gives. So with
-``train.threads=0`` (auto) training first measures, for half a second, how many of its cores
-other processes keep busy and uses only the free ones (at least one); on an idle machine it
-keeps PyTorch's default. ``train.threads=N`` or ``OMP_NUM_THREADS`` are used as given.
+thread that shares that core: a quickstart training fell from ~5,500 to 470-850 target
+tokens/s (issue 20), and beam-4 decoding from 36 to 5 sentences/s, far below what one thread
+on the free core gives. So with 0 threads (auto: ``train.threads=0``, ``translate``/``serve
+--threads 0``) nmtkit first measures, for half a second, how many of its cores other
+processes keep busy and uses only the free ones (at least one); on an idle machine it keeps
+PyTorch's default. A count N, or ``OMP_NUM_THREADS``, is used as given.
+
+The half second need not delay a command: ``start_reading`` takes it in a background thread
+while the command imports torch and loads its model, and the next ``configure_threads`` uses
+that reading. torch is imported only inside the functions that need it, so the CLI can start
+the reading before torch loads.
 
 The OpenMP wait policy (``OMP_WAIT_POLICY=passive``: idle threads sleep instead of spinning)
 cannot be chosen here: libgomp reads it once, when torch loads, so it belongs in the
@@ -15,12 +21,13 @@ environment of the command (benchmarks/busy_machine.py measures both knobs).
 from __future__ import annotations
 
 import os
+import threading
 import time
+from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 SAMPLE_SECONDS = 0.5
+READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
 
 
 def _cpu_ticks(cpus: set[int]) -> Optional[tuple[int, int]]:
@@ -42,7 +49,7 @@ def _cpu_ticks(cpus: set[int]) -> Optional[tuple[int, int]]:
 
 def busy_cores_of_others(cpus: set[int], seconds: float = SAMPLE_SECONDS) -> Optional[float]:
     """How many of ``cpus`` other processes kept busy over ``seconds`` (this process's own
-    CPU time subtracted); None where /proc/stat cannot tell."""
+    CPU time, every thread of it, subtracted); None where /proc/stat cannot tell."""
     start, own_start = _cpu_ticks(cpus), os.times()
     time.sleep(seconds)
     end, own_end = _cpu_ticks(cpus), os.times()
@@ -53,29 +60,100 @@ def busy_cores_of_others(cpus: set[int], seconds: float = SAMPLE_SECONDS) -> Opt
     return max(0.0, (end[0] - start[0] - own) / wall)
 
 
-def choose_threads(setting: int) -> tuple[int, Optional[str]]:
-    """(threads to use, a note saying why when auto chose fewer than PyTorch's default)."""
-    default = torch.get_num_threads()
+def _auto_possible() -> bool:
+    """Whether auto measures at all: not with OMP_NUM_THREADS, one core, or off Linux."""
+    return (not os.environ.get("OMP_NUM_THREADS") and hasattr(os, "sched_getaffinity")
+            and len(os.sched_getaffinity(0)) > 1)
+
+
+class LoadReading:
+    """``busy_cores_of_others`` taken in a daemon thread from now on, so the command's imports
+    and model load overlap the half second instead of waiting for it."""
+
+    def __init__(self, cpus: set[int]):
+        self.cpus, self.started = set(cpus), time.monotonic()
+        self._busy: Optional[float] = None
+        self._thread = threading.Thread(target=self._measure, name="nmtkit-load-reading", daemon=True)
+        self._thread.start()
+
+    def _measure(self) -> None:
+        try:
+            self._busy = busy_cores_of_others(self.cpus)
+        except Exception:  # a reading that fails leaves PyTorch's default, as a None one does
+            self._busy = None
+
+    def busy(self) -> Optional[float]:
+        """The reading, waiting for the rest of its half second if it is not done."""
+        self._thread.join()
+        return self._busy
+
+
+_early: list[LoadReading] = []  # the reading start_reading began, until configure_threads uses it
+
+
+def start_reading(setting: int) -> None:
+    """Begin the load reading of an auto (0) ``setting`` now, in the background (nothing for N)."""
+    _early.clear()
+    if setting <= 0 and _auto_possible():
+        _early.append(LoadReading(os.sched_getaffinity(0)))
+
+
+def _take_reading(cpus: set[int]) -> Optional[float]:
+    """The early reading of ``cpus`` when one is pending and recent, else one taken now."""
+    early = _early.pop() if _early else None
+    if early is not None and early.cpus == cpus and time.monotonic() - early.started < READING_MAX_AGE_S:
+        return early.busy()
+    return busy_cores_of_others(cpus)
+
+
+@dataclass
+class _Pool:
+    default: Optional[int] = None  # PyTorch's count before nmtkit changed it
+    ours: Optional[int] = None  # the count nmtkit last set
+
+
+_pool = _Pool()
+
+
+def pytorch_default() -> int:
+    """PyTorch's own thread count: the current one, unless it is the one nmtkit chose (a run
+    that trained on one thread of a busy machine still decodes with all on an idle one)."""
+    import torch
+
+    now = torch.get_num_threads()
+    if _pool.default is None or now != _pool.ours:
+        _pool.default = now
+    return _pool.default
+
+
+def choose_threads(setting: int, what: str = "training", option: str = "train.threads") -> tuple[int, Optional[str]]:
+    """(threads to use, a note saying why when auto chose fewer than PyTorch's default);
+    ``what`` and ``option`` name the work and the setting in the note."""
+    default = pytorch_default()
     if setting > 0:
         return setting, None
-    if os.environ.get("OMP_NUM_THREADS") or default <= 1 or not hasattr(os, "sched_getaffinity"):
+    if default <= 1 or not _auto_possible():
+        _early.clear()
         return default, None
     cpus = os.sched_getaffinity(0)
-    busy = busy_cores_of_others(cpus)
+    busy = _take_reading(cpus)
     if busy is None:
         return default, None
     threads = max(1, min(default, len(cpus) - round(busy)))
     if threads == default:
         return default, None
-    return threads, (f"other processes keep {busy:.1f} of {len(cpus)} cores busy: training with {threads} "
-                     f"thread(s) instead of {default} (train.threads sets the number)")
+    return threads, (f"other processes keep {busy:.1f} of {len(cpus)} cores busy: {what} with {threads} "
+                     f"thread(s) instead of {default} ({option} sets the number)")
 
 
-def configure_threads(setting: int, console) -> int:
-    """Apply ``train.threads`` (0: auto, see above) to PyTorch's CPU pool; returns the count."""
-    threads, note = choose_threads(setting)
+def configure_threads(setting: int, console, what: str = "training", option: str = "train.threads") -> int:
+    """Apply ``setting`` (0: auto, see above) to PyTorch's CPU pool; returns the count."""
+    import torch
+
+    threads, note = choose_threads(setting, what, option)
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
+    _pool.ours = threads
     if note:
         console.info(note)
     return threads

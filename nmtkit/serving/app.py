@@ -224,6 +224,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
     with ``api_key``, only requests that carry it."""
     import uvicorn
 
+    from nmtkit.runtime.threads import configure_threads
     from nmtkit.translate_files import open_engine
 
     options.validate()
@@ -233,6 +234,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
     api_key = check_key(api_key)
     sock = bind(host, port)
     try:
+        configure_threads(options.threads, console, what="serving", option="--threads")
         engine = open_engine(model_dirs, options)
         target_tag_for(engine.src_vocab, options.target_lang)  # a --target-lang it lacks: refused, as by translate
         console.detail(f"translating {engine.description}")

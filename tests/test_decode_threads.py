@@ -1,0 +1,158 @@
+"""translate, serve and run's decoding choose their CPU threads as training does: --threads N
+(train.threads for run) as given, 0 only the cores other processes leave free, the load read
+in the background while the command starts."""
+from __future__ import annotations
+
+import os
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nmtkit.errors import ConfigError
+from nmtkit.runtime import threads
+from support.cli import cli_in_process
+
+
+@pytest.fixture
+def four_cores(monkeypatch):
+    """A 4-core process on a machine whose load each test sets; PyTorch's default is 4 threads."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+def load_of(monkeypatch, busy: float) -> list[str]:
+    """Make the load reading say ``busy`` cores; returns the names of the threads that read it."""
+    readers = []
+
+    def reading(cpus, seconds=threads.SAMPLE_SECONDS):
+        assert cpus == {0, 1, 2, 3}
+        readers.append(threading.current_thread().name)
+        return busy
+
+    monkeypatch.setattr(threads, "busy_cores_of_others", reading)
+    return readers
+
+
+def translate(monkeypatch, capsys, model_dir, tmp_path, *flags: str) -> tuple[int, str, str]:
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sat\na dog ran\n", encoding="utf-8")
+    return cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), "-i", str(source), "--device",
+                          "cpu", "-b", "2", "--max-len-b", "4", *flags)
+
+
+@pytest.mark.parametrize("busy, expected", [(0.0, 4), (0.4, 4), (1.0, 3), (2.7, 1), (7.5, 1)])
+def test_translate_auto_leaves_the_busy_cores_to_their_owners(monkeypatch, capsys, four_cores, model_dir, tmp_path,
+                                                              busy, expected):
+    readers = load_of(monkeypatch, busy)
+    code, out, err = translate(monkeypatch, capsys, model_dir, tmp_path)
+    assert code == 0, err
+    assert torch.get_num_threads() == expected
+    assert len(out.splitlines()) == 2
+    # read once, in the background thread the command starts before torch and the model load
+    assert readers == ["nmtkit-load-reading"]
+    note = (f"other processes keep {busy:.1f} of 4 cores busy: translating with {expected} thread(s) instead of 4 "
+            f"(--threads sets the number)")
+    assert (note in " ".join(err.split())) == (expected != 4), err  # the console wraps long lines
+
+
+def test_translate_output_does_not_depend_on_the_thread_count(monkeypatch, capsys, four_cores, model_dir, tmp_path):
+    load_of(monkeypatch, 2.7)
+    _, busy_out, _ = translate(monkeypatch, capsys, model_dir, tmp_path)
+    torch.set_num_threads(4)
+    _, explicit_out, _ = translate(monkeypatch, capsys, model_dir, tmp_path, "--threads", "4")
+    assert torch.get_num_threads() == 4 and busy_out == explicit_out and busy_out.count("\n") == 2
+
+
+@pytest.mark.parametrize("flag, expected", [("2", 2), ("1", 1), ("3", 3)])
+def test_translate_applies_an_explicit_count_without_reading_the_load(monkeypatch, capsys, four_cores, model_dir,
+                                                                      tmp_path, flag, expected):
+    readers = load_of(monkeypatch, 3.0)
+    code, _, err = translate(monkeypatch, capsys, model_dir, tmp_path, "--threads", flag)
+    assert code == 0, err
+    assert torch.get_num_threads() == expected and readers == [] and "cores busy" not in err
+
+
+def test_translate_auto_respects_omp_num_threads(monkeypatch, capsys, four_cores, model_dir, tmp_path):
+    readers = load_of(monkeypatch, 3.0)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    code, _, err = translate(monkeypatch, capsys, model_dir, tmp_path)
+    assert code == 0, err
+    assert torch.get_num_threads() == 4 and readers == []
+
+
+def test_translate_refuses_a_negative_count(monkeypatch, capsys, model_dir, tmp_path):
+    code, out, err = translate(monkeypatch, capsys, model_dir, tmp_path, "--threads", "-1")
+    assert (code, out, err) == (2, "", "nmtkit: error: --threads must be in [0, 4096], got -1\n")
+
+
+@pytest.mark.parametrize("flags, busy, expected", [((), 1.0, 3), ((), 0.0, 4), (("--threads", "2"), 3.0, 2)])
+def test_serve_loads_its_model_on_the_chosen_threads(monkeypatch, capsys, four_cores, model_dir, flags, busy,
+                                                     expected):
+    import nmtkit.translate_files
+
+    readers = load_of(monkeypatch, busy)
+    seen = []
+
+    def open_engine(model_dirs, options):  # where the server loads its model: stop it there
+        seen.append(torch.get_num_threads())
+        raise ConfigError("stopped before loading")
+
+    monkeypatch.setattr(nmtkit.translate_files, "open_engine", open_engine)
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(model_dir), "--port", "0", *flags)
+    assert (code, err.splitlines()[-1]) == (2, "nmtkit: error: stopped before loading")
+    assert seen == [expected]
+    assert readers == ([] if flags else ["nmtkit-load-reading"])
+
+
+class Notes:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, text):
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("setting, busy, expected", [(0, 1.0, 3), (0, 0.0, 4), (2, 3.0, 2)])
+def test_run_decodes_on_the_threads_train_threads_chooses_then(monkeypatch, four_cores, model_dir, setting, busy,
+                                                               expected):
+    import nmtkit.pipeline
+
+    load_of(monkeypatch, busy)
+    monkeypatch.setattr(nmtkit.pipeline, "open_translator", lambda *args: torch.get_num_threads())
+    cfg = SimpleNamespace(train=SimpleNamespace(threads=setting))
+    notes = Notes()
+    assert nmtkit.pipeline.decoding_translator(cfg, model_dir, {}, None, notes) == expected
+    assert notes.lines == ([f"other processes keep {busy:.1f} of 4 cores busy: translating with {expected} thread(s) "
+                            f"instead of 4 (train.threads sets the number)"] if expected != 4 and setting == 0 else [])
+
+
+def test_decoding_after_training_on_a_busy_machine_gets_every_core_back_once_idle(monkeypatch, four_cores):
+    """run trains with train.threads=0 while the machine is busy (1 thread), then decodes when
+    it is idle: auto counts from PyTorch's default (4), not from the 1 thread training used."""
+    load_of(monkeypatch, 2.7)
+    assert threads.configure_threads(0, Notes()) == 1 == torch.get_num_threads()
+    load_of(monkeypatch, 0.0)
+    assert threads.configure_threads(0, Notes(), what="translating") == 4 == torch.get_num_threads()
+    torch.set_num_threads(2)  # someone else's choice becomes the default auto counts from
+    load_of(monkeypatch, 1.0)
+    assert threads.configure_threads(0, Notes()) == 2
+
+
+def test_an_early_reading_is_used_once_and_not_when_stale(monkeypatch, four_cores):
+    readers = load_of(monkeypatch, 1.0)
+    threads.start_reading(0)
+    assert threads.choose_threads(0)[0] == 3 and readers == ["nmtkit-load-reading"]
+    assert threads.choose_threads(0)[0] == 3 and readers[1] == threading.current_thread().name
+    threads.start_reading(0)
+    threads._early[0].busy()
+    monkeypatch.setattr(threads._early[0], "started", threads._early[0].started - threads.READING_MAX_AGE_S - 1)
+    load_of(monkeypatch, 0.0)
+    assert threads.choose_threads(0)[0] == 4  # the stale reading (1 busy core) was not used
+    threads.start_reading(5)
+    assert threads._early == []

@@ -1,0 +1,36 @@
+"""What translate imports: only what translating needs. A shell user pays for every import on
+each call, so scoring (sacrebleu), plotting, the serve stack and the optional peers must stay
+out of the translate path, whether the line comes piped or from a file."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+NOT_FOR_TRANSLATE = ("sacrebleu", "datasets", "transformers", "matplotlib", "ctranslate2", "uvicorn", "fastapi",
+                     "starlette", "pandas", "scipy", "sklearn", "comet", "yaml", "torch._dynamo", "torch._inductor")
+
+
+def imported_modules(args: list[str], stdin: bytes) -> set[str]:
+    """The modules ``python -X importtime -m nmtkit ARGS`` imports (its stderr lists each one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "nmtkit", "-q", *args], input=stdin,
+                          capture_output=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.count(b"\n") == 1
+    return set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)$", done.stderr.decode(), re.MULTILINE))
+
+
+@pytest.mark.parametrize("way", ["piped", "file"])
+def test_translate_imports_nothing_it_does_not_need(model_dir, tmp_path, way):
+    source = tmp_path / "line.txt"
+    source.write_bytes(b"the cat sat\n")
+    args = ["translate", "-m", str(model_dir), "--device", "cpu", "-b", "2", "--max-len-b", "4"]
+    modules = imported_modules([*args, "-i", str(source)] if way == "file" else args,
+                               b"" if way == "file" else source.read_bytes())
+    assert {"torch", "sentencepiece", "nmtkit.translate_files"} <= modules  # the measurement sees imports
+    heavy = sorted(m for m in modules if m in NOT_FOR_TRANSLATE or m.split(".")[0] in NOT_FOR_TRANSLATE[:-2])
+    assert heavy == []
