@@ -254,3 +254,11 @@ def concurrently(client, bodies: list[dict]) -> list:
     for thread in threads:
         thread.join()
     return answers
+
+
+@pytest.fixture(scope="module")
+def prepared_task(tmp_path_factory):
+    """A prepared reversal task (300 training pairs of 6 symbols), one per test module."""
+    workdir = tmp_path_factory.mktemp("task")
+    write_prepared(workdir, reversal_pairs(300, 0, length=6), reversal_pairs(20, 1, length=6))
+    return workdir

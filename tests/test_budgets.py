@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import reversal_pairs, tiny_recipe, write_prepared
+from conftest import tiny_recipe
 from nmtkit.config import ModelConfig
 from nmtkit.config.loading import from_dict
 from nmtkit.runtime.console import get_console
@@ -77,13 +77,6 @@ def test_moe_layers_count_their_top_k_experts_and_router():
     extra = per_token_ffn + 2 * 16 * 4  # one more expert and the router, in one layer of each stack
     d, m = flop_count(dense, VOCAB, VOCAB), flop_count(moe, VOCAB, VOCAB)
     assert (m.per_src - d.per_src, m.per_tgt - d.per_tgt) == (extra, extra)
-
-
-@pytest.fixture(scope="module")
-def prepared_task(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("task")
-    write_prepared(workdir, reversal_pairs(300, 0, length=6), reversal_pairs(20, 1, length=6))
-    return workdir
 
 
 def _train(workdir, **train):

@@ -10,18 +10,11 @@ import shutil
 import pytest
 import torch
 
-from conftest import reversal_pairs, tiny_recipe, write_prepared
+from conftest import tiny_recipe
 from nmtkit.config import from_dict
 from nmtkit.runtime.console import get_console
 
 HUGE_SCALE = 2.0 ** 40  # the tiny model's gradients overflow fp16 at any scale above ~2^26
-
-
-@pytest.fixture(scope="module")
-def prepared_task(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("task")
-    write_prepared(workdir, reversal_pairs(300, 0, length=6), reversal_pairs(20, 1, length=6))
-    return workdir
 
 
 def _train(workdir, **train):
