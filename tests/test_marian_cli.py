@@ -62,6 +62,14 @@ def test_import_then_translate_info_and_target_language(hf_dir, tmp_path, monkey
     assert ">>spa<<" in err and "fra, deu" in err
 
 
+def test_import_creates_the_output_s_parent_directories(hf_dir, tmp_path, monkeypatch, capsys):
+    """-o models/NAME in a fresh checkout: the missing parents are made, as export makes them."""
+    out = tmp_path / "models" / "en-de"
+    code, _, err = cli_in_process(monkeypatch, capsys, "import", str(hf_dir), "-o", str(out))
+    assert code == 0, err
+    assert (out / "config.json").is_file() and (out / "spm.src.model").is_file()
+
+
 def test_target_language_chooses_the_code_token(imported):
     """--target-lang fra translates as the text with >>fra<< written first (Marian's convention)."""
     from nmtkit.decoding.options import TranslateOptions

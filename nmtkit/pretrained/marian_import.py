@@ -155,6 +155,7 @@ def import_marian(source: str, out_dir: str | Path) -> Path:
     meta = {"imported_from": {"format": "marian", **origin, "files": files},
             "src_lang": str(tokenizer.get("source_lang") or ""), "tgt_lang": str(tokenizer.get("target_lang") or ""),
             "decode": _decode_settings(read_json_file(directory / "generation_config.json", required=False), config)}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)  # as export does: -o models/NAME in a fresh checkout
     with temp_beside(out_dir, directory=True) as scratch:  # nmtkit's names: vocab.from finds them
         models = [scratch / name for name in spm_files(False)]  # spm.src.model, spm.tgt.model
         for side, model_file, original, vocab, append_eos in zip(
