@@ -82,6 +82,24 @@ def test_a_trained_model_computes_the_same_in_transformers(tmp_path, tiny_spm, m
     torch.testing.assert_close(theirs.log_softmax(-1)[keep], ours.log_softmax(-1)[keep], atol=1e-4, rtol=0)
 
 
+def test_an_exported_nmtkit_model_imports_again_and_computes_the_same(tmp_path, tiny_spm):
+    """export then import of a model nmtkit trained: its padding row travels as a piece of the
+    Marian vocabulary and comes back as our PAD (not a second added row); the re-imported model
+    reads sources with </s>, as transformers does, and computes what the original computes on them."""
+    native = load_model_dir(native_model(tmp_path, tiny_spm))
+    export_marian(tmp_path / "native", tmp_path / "marian")
+    again = load_model_dir(import_marian(str(tmp_path / "marian"), tmp_path / "again"))
+    for source, target in zip(tiny_sentences(4, 1), tiny_sentences(4, 2)):
+        src = again.src_vocab.encode(source)
+        assert src == native.src_vocab.encode(source) + [EOS]
+        src_t = torch.tensor([src])
+        tgt_in = torch.tensor([[BOS] + native.tgt_vocab.encode(target)])
+        with torch.no_grad():
+            ours, theirs = (loaded.model(src_t, torch.ones_like(src_t, dtype=torch.bool), tgt_in).log_softmax(-1)
+                            for loaded in (native, again))
+        torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("setting", [dict(pre_norm=True), dict(ffn="swiglu"), dict(positions="learned")])
 def test_what_marian_cannot_express_is_one_line(tmp_path, tiny_spm, monkeypatch, capsys, setting):
     native_model(tmp_path, tiny_spm, **setting)

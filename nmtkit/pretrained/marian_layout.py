@@ -77,8 +77,9 @@ def model_config(config: dict, where: str) -> ModelConfig:
 
 
 def id_order(vocab: dict, where: str, start: Optional[int] = None, eos: Optional[int] = None) -> list[Optional[int]]:
-    """Marian id of each of our ids: our PAD (added, None), unk, bos (the decoder start: Marian's
-    pad), eos, then every other piece in Marian's order. ``vocab`` maps piece -> Marian id."""
+    """Marian id of each of our ids: our PAD, unk, bos (the decoder start: Marian's pad), eos,
+    then every other piece in Marian's order. ``vocab`` maps piece -> Marian id. Our PAD is an
+    added row (None), except in a model nmtkit exported, which carries it as ``ADDED_PAD``."""
     ids = sorted(vocab.values())
     if ids != list(range(len(vocab))):
         raise DataError(f"{where}: ids must number the pieces 0 .. {len(vocab) - 1} once each")
@@ -93,7 +94,10 @@ def id_order(vocab: dict, where: str, start: Optional[int] = None, eos: Optional
     specials = [vocab["<unk>"], start, eos]
     if len(set(specials)) < 3:
         raise DataError(f"{where}: <unk>, the decoder start and </s> must be three different ids")
-    return [None, *specials, *(i for i in range(len(vocab)) if i not in specials)]
+    own_pad = vocab.get(ADDED_PAD)  # an nmtkit export: its padding row is a piece of the model
+    if own_pad in specials:
+        raise DataError(f"{where}: {ADDED_PAD} shares an id with <unk>, the decoder start or </s>")
+    return [own_pad, *specials, *(i for i in range(len(vocab)) if i not in specials and i != own_pad)]
 
 
 def pieces_in_order(vocab: dict, order: list[Optional[int]]) -> list[str]:

@@ -80,9 +80,10 @@ def to_nmtkit(weights: dict, cfg, config: dict, orders: dict, where: str) -> dic
     head = tgt if tied else take("lm_head.weight")
     bias = weights.get("final_logits_bias", torch.zeros(1, head.size(0))).float().reshape(-1)
     for name, table, side in (("src", src, "src"), ("tgt", tgt, "tgt"), ("head", head, "tgt"), ("bias", bias, "tgt")):
-        if table.size(0) != len(orders[side]) - 1:
+        pieces = sum(i is not None for i in orders[side])  # Marian's own rows (ours may add a padding row)
+        if table.size(0) != pieces:
             raise DataError(f"{where}: mismatched shapes: the {name} table has {table.size(0)} rows, the "
-                            f"{'source' if side == 'src' else 'target'} vocabulary {len(orders[side]) - 1} pieces")
+                            f"{'source' if side == 'src' else 'target'} vocabulary {pieces} pieces")
     out["src_embed.weight"] = _rows(src, orders["src"])
     out["tgt_embed.weight"] = _rows(tgt, orders["tgt"])
     out["output_proj.weight"] = _rows(head, orders["tgt"])
