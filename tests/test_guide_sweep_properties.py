@@ -132,7 +132,8 @@ def test_sweep_file_text_of_any_kind_loads_or_is_a_config_error(tmp_path_factory
     root = tmp_path_factory.mktemp("sweeptext")
     write_base(root)
     path = root / "s.yaml"
-    path.write_bytes(f"recipe: base.yaml\n{text}".encode("utf-8", "surrogateescape"))
+    # surrogatepass: a lone surrogate becomes bytes no UTF-8 decoder accepts (surrogateescape takes only U+DC80-DCFF)
+    path.write_bytes(f"recipe: base.yaml\n{text}".encode("utf-8", "surrogatepass"))
     try:
         load_sweep(path)
     except NmtkitError as err:
