@@ -282,6 +282,34 @@ def answer_of(sock: socket.socket, timeout: float) -> bytes:
     return data
 
 
+def test_an_oversized_body_is_a_413_a_python_client_reads(model_dir):
+    """A body declared past --max-body-bytes is refused from its headers, and a client that
+    sends it all anyway (as http.client does) still reads the 413, not a reset connection; one
+    that declares 100 MB and then stalls does not hold up shutdown."""
+    import http.client
+
+    server, port, _ = start_server(model_dir, "--max-body-bytes", "1000", "--read-timeout", "2")
+    try:
+        body = json.dumps({"texts": ["a " * 2_000_000]}).encode()
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/translate", body, {"content-type": "application/json"})
+            reply = conn.getresponse()
+            assert reply.status == 413 and "--max-body-bytes" in json.loads(reply.read())["error"]
+            conn.close()
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.sendall(b"POST /translate HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n{\"texts\": [")
+        time.sleep(0.5)
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(15) == 0 and time.monotonic() - started < 5
+        assert answer_of(stalled, 5).startswith(b"HTTP/1.1 413 ")
+        stalled.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_stalled_uploads_time_out_and_never_hold_up_shutdown(model_dir):
     server, port, _ = start_server(model_dir, "--read-timeout", "2")
     try:

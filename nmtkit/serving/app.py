@@ -152,7 +152,9 @@ async def read_body(request: Request, limits: Limits, stopping: threading.Event)
     limit = limits.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and len(declared) < 20 and int(declared) > limit:
-        raise cut_short(413, f"body of {int(declared)} bytes; at most {limit} (--max-body-bytes)", "body_size")
+        # not cut_short: the connection stays with the server (uvicorn), so a client still sending
+        # the body reads this 413; closing at once reset it, and Python's http.client saw a broken pipe
+        raise RequestError(413, f"body of {int(declared)} bytes; at most {limit} (--max-body-bytes)", "body_size")
     chunks, size = [], 0
     deadline = last = time.monotonic()
     deadline += limits.read_timeout_s
