@@ -63,3 +63,15 @@ def test_a_spinning_process_counts_as_a_busy_core():
         spinner.kill()
         spinner.wait()
     assert busy is not None and 0.5 <= busy <= len(cpus) + 0.1
+
+
+def test_niced_work_is_not_counted_busy(tmp_path):
+    stat = tmp_path / "stat"
+    # fields: user nice system idle iowait irq softirq steal (then guest fields, ignored)
+    stat.write_text("cpu  900 900 90 900 0 0 0 0 0 0\n"
+                    "cpu0 100 500 50 300 0 0 0 0 0 0\n"
+                    "cpu1 200 400 40 600 10 1 2 3 0 0\n"
+                    "intr 12345\n", encoding="ascii")
+    assert threads._cpu_ticks({0}, str(stat)) == (150, 950)
+    assert threads._cpu_ticks({0, 1}, str(stat)) == (150 + 246, 950 + 1256)
+    assert threads._cpu_ticks({0}, str(tmp_path / "missing")) is None

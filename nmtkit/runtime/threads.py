@@ -5,7 +5,7 @@ the last one. When another process keeps one of two cores busy, every region wai
 thread that shares that core: a quickstart training fell from ~5,500 to 470-850 target
 tokens/s (issue 20), and beam-4 decoding from 36 to 5 sentences/s, far below what one thread
 on the free core gives. So with 0 threads (auto: ``train.threads=0``, ``translate``/``serve
---threads 0``) nmtkit first measures, for half a second, how many of its cores other
+--threads 0``) nmtkit first measures, for half a second, how many of its cores other (not niced)
 processes keep busy and uses only the free ones (at least one); on an idle machine it keeps
 PyTorch's default. A count N, or ``OMP_NUM_THREADS``, is used as given.
 
@@ -30,17 +30,20 @@ SAMPLE_SECONDS = 0.5
 READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
 
 
-def _cpu_ticks(cpus: set[int]) -> Optional[tuple[int, int]]:
-    """(busy, total) clock ticks of ``cpus`` since boot, from /proc/stat (None off Linux)."""
+def _cpu_ticks(cpus: set[int], stat: str = "/proc/stat") -> Optional[tuple[int, int]]:
+    """(busy, total) clock ticks of ``cpus`` since boot, from /proc/stat (None off Linux).
+    Time spent in niced processes is not busy: the scheduler gives a process at nice 0 almost
+    all of a core it shares with one at nice 19 (weights 1024:15), so a niced batch job next to
+    ours does not stall our threads and must not cost us a core."""
     busy = total = 0
     try:
-        with open("/proc/stat", encoding="ascii") as handle:
+        with open(stat, encoding="ascii") as handle:
             for line in handle:
                 name, *fields = line.split()
                 if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
                     continue
                 user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-                busy += user + nice + system + irq + softirq + steal
+                busy += user + system + irq + softirq + steal
                 total += user + nice + system + idle + iowait + irq + softirq + steal
     except (OSError, ValueError):
         return None
