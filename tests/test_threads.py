@@ -65,13 +65,24 @@ def test_a_spinning_process_counts_as_a_busy_core():
     assert busy is not None and 0.5 <= busy <= len(cpus) + 0.1
 
 
-def test_niced_work_is_not_counted_busy(tmp_path):
+def test_niced_time_is_busy_only_where_nice_does_not_take_effect(tmp_path, monkeypatch):
     stat = tmp_path / "stat"
     # fields: user nice system idle iowait irq softirq steal (then guest fields, ignored)
     stat.write_text("cpu  900 900 90 900 0 0 0 0 0 0\n"
                     "cpu0 100 500 50 300 0 0 0 0 0 0\n"
                     "cpu1 200 400 40 600 10 1 2 3 0 0\n"
                     "intr 12345\n", encoding="ascii")
-    assert threads._cpu_ticks({0}, str(stat)) == (150, 950)
-    assert threads._cpu_ticks({0, 1}, str(stat)) == (150 + 246, 950 + 1256)
+    assert threads._cpu_ticks({0}, str(stat), count_niced=False) == (150, 950)
+    assert threads._cpu_ticks({0}, str(stat)) == (650, 950)
+    assert threads._cpu_ticks({0, 1}, str(stat), count_niced=False) == (150 + 246, 950 + 1256)
     assert threads._cpu_ticks({0}, str(tmp_path / "missing")) is None
+    autogroup = tmp_path / "sched_autogroup_enabled"
+    monkeypatch.setattr(os, "nice", lambda increment: 0)
+    autogroup.write_text("1\n")
+    assert threads.niced_work_yields(str(autogroup)) is False  # sessions share fairly whatever their nice
+    autogroup.write_text("0\n")
+    assert threads.niced_work_yields(str(autogroup)) is True
+    assert threads.niced_work_yields(str(tmp_path / "none")) is True  # no autogroup scheduling at all
+    monkeypatch.setattr(os, "nice", lambda increment: 10)
+    assert threads.niced_work_yields(str(autogroup)) is False  # niced ourselves: niced peers are equals
+

@@ -5,9 +5,9 @@ the last one. When another process keeps one of two cores busy, every region wai
 thread that shares that core: a quickstart training fell from ~5,500 to 470-850 target
 tokens/s (issue 20), and beam-4 decoding from 36 to 5 sentences/s, far below what one thread
 on the free core gives. So with 0 threads (auto: ``train.threads=0``, ``translate``/``serve
---threads 0``) nmtkit first measures, for half a second, how many of its cores other (not niced)
-processes keep busy and uses only the free ones (at least one); on an idle machine it keeps
-PyTorch's default. A count N, or ``OMP_NUM_THREADS``, is used as given.
+--threads 0``) nmtkit first measures, for half a second, how many of its cores other processes
+keep busy (niced ones only where nice takes effect: ``niced_work_yields``) and uses only the
+free ones (at least one); on an idle machine it keeps PyTorch's default. A count N, or ``OMP_NUM_THREADS``, is used as given.
 
 The half second need not delay a command: ``start_reading`` takes it in a background thread
 while the command imports torch and loads its model, and the next ``configure_threads`` uses
@@ -30,11 +30,24 @@ SAMPLE_SECONDS = 0.5
 READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
 
 
-def _cpu_ticks(cpus: set[int], stat: str = "/proc/stat") -> Optional[tuple[int, int]]:
-    """(busy, total) clock ticks of ``cpus`` since boot, from /proc/stat (None off Linux).
-    Time spent in niced processes is not busy: the scheduler gives a process at nice 0 almost
-    all of a core it shares with one at nice 19 (weights 1024:15), so a niced batch job next to
-    ours does not stall our threads and must not cost us a core."""
+def niced_work_yields(autogroup: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:
+    """Whether other processes' niced time leaves us the core: the scheduler gives a process at
+    nice 0 almost all of a core it shares with one at nice 19 (weights 1024:15), but only where
+    nice compares across the machine: with autogroup scheduling on (many desktop kernels) each
+    terminal session gets an equal share whatever its nice, and a niced process of our own
+    competes with the niced ones as an equal."""
+    if os.nice(0) > 0:
+        return False
+    try:
+        with open(autogroup, encoding="ascii") as handle:
+            return handle.read().strip() == "0"
+    except OSError:
+        return True  # a kernel without autogroup scheduling
+
+
+def _cpu_ticks(cpus: set[int], stat: str = "/proc/stat", count_niced: bool = True) -> Optional[tuple[int, int]]:
+    """(busy, total) clock ticks of ``cpus`` since boot, from /proc/stat (None off Linux); niced
+    time is busy only if ``count_niced``."""
     busy = total = 0
     try:
         with open(stat, encoding="ascii") as handle:
@@ -43,7 +56,7 @@ def _cpu_ticks(cpus: set[int], stat: str = "/proc/stat") -> Optional[tuple[int, 
                 if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
                     continue
                 user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-                busy += user + system + irq + softirq + steal
+                busy += user + system + irq + softirq + steal + (nice if count_niced else 0)
                 total += user + nice + system + idle + iowait + irq + softirq + steal
     except (OSError, ValueError):
         return None
@@ -53,9 +66,10 @@ def _cpu_ticks(cpus: set[int], stat: str = "/proc/stat") -> Optional[tuple[int, 
 def busy_cores_of_others(cpus: set[int], seconds: float = SAMPLE_SECONDS) -> Optional[float]:
     """How many of ``cpus`` other processes kept busy over ``seconds`` (this process's own
     CPU time, every thread of it, subtracted); None where /proc/stat cannot tell."""
-    start, own_start = _cpu_ticks(cpus), os.times()
+    count_niced = not niced_work_yields()
+    start, own_start = _cpu_ticks(cpus, count_niced=count_niced), os.times()
     time.sleep(seconds)
-    end, own_end = _cpu_ticks(cpus), os.times()
+    end, own_end = _cpu_ticks(cpus, count_niced=count_niced), os.times()
     if start is None or end is None or end[1] <= start[1]:
         return None
     wall = (end[1] - start[1]) / len(cpus)  # ticks per CPU over the interval
