@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -210,7 +209,7 @@ def decode_part(settings: dict) -> dict:
 def add_record(settings: dict, records: list, record: dict) -> None:
     """Keep ``record``, and save all so far where gpu_check.py finds them if the part is stopped."""
     records.append(record)
-    Path(settings["partial"]).write_text(json.dumps({"records": records}), encoding="utf-8")
+    common.save_partial(settings["partial"], {"records": records})
 
 
 def time_is_up(settings: dict, margin: float) -> bool:

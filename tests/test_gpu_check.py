@@ -160,3 +160,93 @@ def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch):
                        torch.cat([src.ne(0), torch.zeros(2, 1, dtype=torch.bool)], 1), tgt)
     assert [mask is None for mask in seen] == [False, True, False]  # decoder self-attention: is_causal
     torch.testing.assert_close(unmasked, padded, atol=1e-6, rtol=1e-6)
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (forked children inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # exited meanwhile, or not ours
+            pass
+    return found
+
+
+def test_a_check_stopped_from_outside_ends_its_part_and_keeps_what_finished(tmp_path):
+    """The device command runs the check under ``timeout``: its SIGTERM must end the running part
+    with everything that part started (they sit in their own process group, out of the signal's
+    reach) and leave the finished parts, the stopped one and those not run in gpu_check.json."""
+    import signal
+    import uuid
+
+    marker = f"GPU_CHECK_TEST_{uuid.uuid4().hex}"
+    out = tmp_path / "out"
+    env = {**os.environ, marker: "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    check = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out),
+                              "--device", "cpu", "--tiny", "--parts", "device,resume,decode"],
+                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # the JSON names the running part before it starts
+            record = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
+            if record.get("parts", {}).get("resume", {}).get("status") == "running":
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the part: its training processes are running
+        check.send_signal(signal.SIGTERM)
+        _, stderr = check.communicate(timeout=30)
+    finally:
+        check.kill()
+    assert check.returncode == 1, stderr.decode()[-2000:]
+    assert "gpu_check: stopped: the check was stopped from outside (SIGTERM)" in stderr.decode()
+    parts = json.loads((out / "gpu_check.json").read_text())["parts"]
+    assert [(name, parts[name]["status"]) for name in parts] == [
+        ("device", "measured"), ("resume", "stopped"), ("decode", "not run")]
+    assert 0 < parts["resume"]["seconds"] < 30 and "result" not in parts["resume"]
+    assert "| resume | stopped |" in (out / "gpu_check.md").read_text()
+    time.sleep(0.5)  # SIGKILLed processes leave /proc once reaped
+    assert processes_marked(marker) == []
+
+
+def test_a_partial_record_cut_mid_write_reads_as_none(tmp_path):
+    """A part killed while saving its figures must not break the check that reads them."""
+    path = tmp_path / "part.partial.json"
+    assert common.read_partial(path) is None
+    common.save_partial(path, {"records": [{"run": "base-bf16", "tgt_tok_s": 1.5}]})
+    assert common.read_partial(path) == {"records": [{"run": "base-bf16", "tgt_tok_s": 1.5}]}
+    assert [p.name for p in tmp_path.iterdir()] == ["part.partial.json"]  # no temporary left beside it
+    path.write_text('{"records": [{"run": "ba', encoding="utf-8")
+    assert common.read_partial(path) is None
+
+
+def test_a_restricted_sdpa_backend_that_cannot_run_raises_what_the_kernels_part_catches():
+    """The kernels part proves a backend serves a step by restricting SDPA to it: a backend that
+    cannot run must raise RuntimeError (recorded as that backend's error), not fall back."""
+    import gpu_kernels
+
+    q = torch.randn(1, 2, 5, 8)
+    with torch.nn.attention.sdpa_kernel(gpu_kernels.backend_sets()["efficient"]):  # no CPU kernel
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    with torch.nn.attention.sdpa_kernel(gpu_kernels.backend_sets()["math"]):
+        torch.testing.assert_close(torch.nn.functional.scaled_dot_product_attention(q, q, q),
+                                   (q @ q.transpose(-1, -2) / 8 ** 0.5).softmax(-1) @ q)
+
+
+def test_the_kernels_probe_times_every_backend_set_or_names_its_error():
+    """probe() on CPU (bf16 attention there is explicit matmuls, outside SDPA's backends): every
+    backend set is timed, with the device drained around each timing."""
+    import gpu_kernels
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1,
+                                    dropout=0.0), gpu_kernels.VOCAB, gpu_kernels.VOCAB)
+    for case in ("train-padded", "decode-padded"):
+        record = gpu_kernels.probe(model, case, torch.device("cpu"))
+        assert set(record) == {"default_ms", *(f"{name}_ms" for name in gpu_kernels.backend_sets())}, record
+        assert all(ms > 0 for ms in record.values()), record
