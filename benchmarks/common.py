@@ -246,22 +246,60 @@ def run_isolated(function, argument, timeout: float) -> dict:
     "cause", "traceback"} | {"status": "timeout"} | {"status": "crashed", "exitcode"}, plus
     "seconds" (wall time)."""
     import multiprocessing
+    import uuid
 
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_isolated_child, args=(function, argument, send), daemon=False)
+    token, before = uuid.uuid4().hex, os.environ.get(ISOLATION_MARKER)
+    os.environ[ISOLATION_MARKER] = token  # inherited by every program the child starts
     start = time.perf_counter()
-    child.start()
+    try:
+        child.start()
+    finally:
+        _restore_marker(before)
     _own_group(child.pid)  # set here too: a kill before the child ran must still find its group
     send.close()
     try:
         outcome = _wait_for(child, receive, timeout, start)
         child.join(5 if outcome["status"] != "timeout" else 0)
-    finally:  # the child and whatever it left running (training processes, torchrun workers)
+    finally:  # the child and whatever it left running (training processes, torchrun and its workers)
         _kill_group(child.pid)
+        kill_marked(token)
         child.join(5)
         receive.close()
     return {**outcome, "seconds": round(time.perf_counter() - start, 2)}
+
+
+ISOLATION_MARKER = "NMTKIT_ISOLATED_RUN"
+
+
+def _restore_marker(before: str | None) -> None:
+    if before is None:
+        os.environ.pop(ISOLATION_MARKER, None)
+    else:
+        os.environ[ISOLATION_MARKER] = before
+
+
+def kill_marked(token: str) -> list[int]:
+    """SIGKILL every program started with ``ISOLATION_MARKER=token`` in its environment: what an
+    isolated function left running outside its process group (torchrun puts each worker in a
+    session of its own). The pids killed; none where there is no /proc."""
+    import signal
+
+    needle, killed = f"\0{ISOLATION_MARKER}={token}\0".encode(), []
+    try:
+        entries = [entry for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    except OSError:
+        return killed
+    for entry in entries:
+        try:
+            if needle in b"\0" + (entry / "environ").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except OSError:  # exited meanwhile, or another user's
+            pass
+    return killed
 
 
 def _own_group(pid: int) -> None:

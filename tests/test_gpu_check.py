@@ -250,3 +250,30 @@ def test_the_kernels_probe_times_every_backend_set_or_names_its_error():
         record = gpu_kernels.probe(model, case, torch.device("cpu"))
         assert set(record) == {"default_ms", *(f"{name}_ms" for name in gpu_kernels.backend_sets())}, record
         assert all(ms > 0 for ms in record.values()), record
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, killed and not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_program_a_part_started_in_a_session_of_its_own_is_stopped_with_the_part(tmp_path):
+    """torchrun starts its workers in sessions of their own, out of reach of the part's process
+    group: whatever a part started is stopped with it all the same, by its environment's mark."""
+    pid_file = tmp_path / "pid"
+
+    def starts_a_session_and_hangs(_):
+        sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        pid_file.write_text(str(sleeper.pid))
+        time.sleep(60)
+
+    assert common.run_isolated(starts_a_session_and_hangs, None, 3)["status"] == "timeout"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(pid)
+    assert common.ISOLATION_MARKER not in os.environ  # the mark is the part's alone
