@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -254,9 +255,11 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     stop_on_signals()
+    # The parts are forked from this process, and once it has asked CUDA anything (even
+    # torch.cuda.is_available(), which counts devices through the driver) a forked part cannot
+    # use CUDA at all. This process never asks; should a library it imports ask, NVML answers.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if args.tiny:  # tiny shapes gain nothing from intra-op threads and lose much on a busy machine
-        import os
-
         import torch
 
         os.environ["OMP_NUM_THREADS"] = "1"

@@ -277,3 +277,34 @@ def test_a_program_a_part_started_in_a_session_of_its_own_is_stopped_with_the_pa
         time.sleep(0.05)
     assert not running(pid)
     assert common.ISOLATION_MARKER not in os.environ  # the mark is the part's alone
+
+
+ASKING_CUDA = """
+import json, sys, torch
+asked = []
+def recording(name, original):
+    def call(*args, **kwargs):
+        asked.append(name)
+        return original(*args, **kwargs)
+    return call
+for name in ("is_available", "device_count", "_lazy_init", "init", "is_bf16_supported", "get_device_properties"):
+    setattr(torch.cuda, name, recording(name, getattr(torch.cuda, name)))
+sys.path.insert(0, sys.argv[1])
+import gpu_check
+payload = gpu_check.main(sys.argv[2:])
+print(json.dumps({"asked": asked, "device": payload["parts"]["device"]["status"]}))
+"""
+
+
+def test_the_check_itself_never_asks_cuda_so_its_forked_parts_can_use_it(tmp_path):
+    """Each part is forked from the check's process, and a process forked after its parent asked
+    CUDA anything (torch.cuda.is_available() included) cannot use CUDA: the parent must not ask,
+    in all it does for a CUDA run (its imports, the machine record, the parts' modules)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", ASKING_CUDA, str(REPO / "benchmarks"), "--out", str(tmp_path),
+                           "--device", "cuda", "--parts", "device", "--data", str(tmp_path / "data")],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["asked"] == []
+    assert record["device"] == ("measured" if torch.cuda.is_available() else "error")  # the part asked, forked
