@@ -237,46 +237,108 @@ class Skipped(Exception):
 
 def run_isolated(function, argument, timeout: float) -> dict:
     """``function(argument)`` in a forked child in its own process group, killed with everything
-    it started when ``timeout`` seconds pass. Forked, not spawned: the child inherits the imports
-    (torch costs seconds per fresh process), so the caller must not have initialised CUDA.
+    it started when ``timeout`` seconds pass, or when the caller is interrupted (a signal handler
+    raising in the caller: the check stopped by ``timeout`` from outside). Forked, not spawned:
+    the child inherits the imports (torch costs seconds per fresh process), so the caller must
+    not have initialised CUDA.
 
     Returns {"status": "ok", "value"} | {"status": "skipped", "reason"} | {"status": "error",
     "cause", "traceback"} | {"status": "timeout"} | {"status": "crashed", "exitcode"}, plus
     "seconds" (wall time)."""
     import multiprocessing
-    import signal
+    import uuid
 
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_isolated_child, args=(function, argument, send), daemon=False)
+    token, before = uuid.uuid4().hex, os.environ.get(ISOLATION_MARKER)
+    os.environ[ISOLATION_MARKER] = token  # inherited by every program the child starts
     start = time.perf_counter()
-    child.start()
+    try:
+        child.start()
+    finally:
+        _restore_marker(before)
+    _own_group(child.pid)  # set here too: a kill before the child ran must still find its group
     send.close()
-    outcome = None
-    while outcome is None:
-        left = timeout - (time.perf_counter() - start)
-        if left <= 0:
-            outcome = {"status": "timeout"}
-        elif receive.poll(min(left, 0.2)):
-            try:
-                outcome = receive.recv()
-            except EOFError:  # the child died without a word (a signal, the OOM killer)
-                child.join(5)
-                outcome = {"status": "crashed", "exitcode": child.exitcode}
-    child.join(5 if outcome["status"] != "timeout" else 0)
-    try:  # the child and whatever it left running (training processes, torchrun workers)
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    child.join(5)
-    receive.close()
+    try:
+        outcome = _wait_for(child, receive, timeout, start)
+        child.join(5 if outcome["status"] != "timeout" else 0)
+    finally:  # the child and whatever it left running (training processes, torchrun and its workers)
+        _kill_group(child.pid)
+        kill_marked(token)
+        child.join(5)
+        receive.close()
     return {**outcome, "seconds": round(time.perf_counter() - start, 2)}
 
 
+ISOLATION_MARKER = "NMTKIT_ISOLATED_RUN"
+
+
+def _restore_marker(before: str | None) -> None:
+    if before is None:
+        os.environ.pop(ISOLATION_MARKER, None)
+    else:
+        os.environ[ISOLATION_MARKER] = before
+
+
+def kill_marked(token: str) -> list[int]:
+    """SIGKILL every program started with ``ISOLATION_MARKER=token`` in its environment: what an
+    isolated function left running outside its process group (torchrun puts each worker in a
+    session of its own). The pids killed; none where there is no /proc."""
+    import signal
+
+    needle, killed = f"\0{ISOLATION_MARKER}={token}\0".encode(), []
+    try:
+        entries = [entry for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    except OSError:
+        return killed
+    for entry in entries:
+        try:
+            if needle in b"\0" + (entry / "environ").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except OSError:  # exited meanwhile, or another user's
+            pass
+    return killed
+
+
+def _own_group(pid: int) -> None:
+    try:
+        os.setpgid(pid, pid)
+    except OSError:  # the child set it itself first, or has already exited
+        pass
+
+
+def _kill_group(pid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_for(child, receive, timeout: float, start: float) -> dict:
+    """The child's outcome, or a timeout / crash record."""
+    while True:
+        left = timeout - (time.perf_counter() - start)
+        if left <= 0:
+            return {"status": "timeout"}
+        if receive.poll(min(left, 0.2)):
+            try:
+                return receive.recv()
+            except EOFError:  # the child died without a word (a signal, the OOM killer)
+                child.join(5)
+                return {"status": "crashed", "exitcode": child.exitcode}
+
+
 def _isolated_child(function, argument, send) -> None:
+    import signal
     import traceback
 
     os.setpgid(0, 0)  # one group: the parent can stop this child and its children together
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # not the parent's handlers
+        signal.signal(number, signal.SIG_DFL)
     try:
         outcome = {"status": "ok", "value": function(argument)}
     except Skipped as why:
@@ -287,3 +349,19 @@ def _isolated_child(function, argument, send) -> None:
                    "traceback": traceback.format_exc()[-4000:]}
     send.send(outcome)
     send.close()
+
+
+def save_partial(path: str | Path, payload: dict) -> None:
+    """What a part has measured so far, replaced whole (written beside, then renamed), so the
+    check reads a complete file even when the part is killed in the middle of saving."""
+    from nmtkit.storage.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(payload, default=str))
+
+
+def read_partial(path: str | Path) -> dict | None:
+    """A part's saved figures, or None when it saved none (or none readable)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -125,12 +126,32 @@ def status_of(name: str, outcome: dict) -> str:
     return "measured"
 
 
+class Stopped(Exception):
+    """The check was told to stop from outside (``timeout``'s SIGTERM, Ctrl-C): the running part
+    is ended with all it started and recorded, and what finished is kept."""
+
+
+def stop_on_signals() -> None:
+    """SIGTERM, SIGINT and SIGHUP raise Stopped in the check's own process. Without this, the
+    ``timeout`` of the device command would end the check and leave the running part, which sits
+    in a process group of its own, holding the GPU and the output pipe."""
+    import signal
+
+    def stop(number, frame):
+        raise Stopped(signal.Signals(number).name)
+
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, stop)
+
+
 def run_parts(settings: dict, chosen: list[str], budget: float, written=lambda results: None) -> dict:
-    """Each chosen part in turn; ``written(results)`` after each, so a check stopped from
-    outside still leaves the parts it finished on disk."""
+    """Each chosen part in turn; ``written(results)`` before each (the part recorded as running)
+    and after it, so a check stopped from outside, even by SIGKILL, leaves on disk the parts it
+    finished and the one it was in. Stopped (a signal) ends the running part, records it as
+    ``stopped`` with what it had saved, and is raised again once that is written."""
     functions, limits = parts(), TINY_LIMITS if settings["tiny"] else LIMITS
     results, start = {}, time.perf_counter()
-    for name in chosen:
+    for index, name in enumerate(chosen):
         left = budget - (time.perf_counter() - start)
         if left < 5:
             results[name] = {"status": "skipped", "reason": "the check's time budget (--budget-s) was spent"}
@@ -139,20 +160,39 @@ def run_parts(settings: dict, chosen: list[str], budget: float, written=lambda r
         if name == "decode" and results.get("quickstart", {}).get("status") == "measured":
             settings["quickstart_model"] = results["quickstart"]["result"]["model_dir"]
         partial = Path(settings["scratch"]) / f"{name}.partial.json"  # what a part saved before it was stopped
-        outcome = common.run_isolated(functions[name], {**settings, "deadline": time.time() + limit,
-                                                        "partial": str(partial)}, limit)
-        record = {"status": status_of(name, outcome), "seconds": outcome["seconds"], "limit_s": round(limit)}
-        if outcome["status"] in ("timeout", "crashed") and partial.is_file():
-            record["partial_result"] = json.loads(partial.read_text(encoding="utf-8"))
-        for key in ("reason", "cause", "traceback", "exitcode"):
-            if key in outcome:
-                record[key] = outcome[key]
-        if "value" in outcome:
-            record["result"] = outcome["value"]
-        results[name] = record
+        results[name] = {"status": "running", "limit_s": round(limit)}
         written(results)
-        print(f"gpu_check: {name}: {record['status']} ({record['seconds']} s)", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        try:
+            outcome = common.run_isolated(functions[name], {**settings, "deadline": time.time() + limit,
+                                                            "partial": str(partial)}, limit)
+        except Stopped as why:
+            outcome = {"status": "stopped", "seconds": round(time.perf_counter() - began, 2),
+                       "reason": f"the check was stopped from outside ({why}) while this part ran"}
+            results.update({later: {"status": "not run", "reason": "the check was stopped before it"}
+                            for later in chosen[index + 1:]})
+        results[name] = record_of(name, outcome, limit, partial)
+        written(results)
+        print(f"gpu_check: {name}: {results[name]['status']} ({results[name]['seconds']} s)", file=sys.stderr,
+              flush=True)
+        if outcome["status"] == "stopped":
+            raise Stopped(outcome["reason"])
     return results
+
+
+def record_of(name: str, outcome: dict, limit: float, partial: Path) -> dict:
+    """A part's entry in gpu_check.json: status, time, limit, cause or result; for a part that did
+    not finish, the figures it had saved."""
+    record = {"status": status_of(name, outcome), "seconds": outcome["seconds"], "limit_s": round(limit)}
+    saved = common.read_partial(partial) if outcome["status"] in ("timeout", "crashed", "stopped") else None
+    if saved is not None:
+        record["partial_result"] = saved
+    for key in ("reason", "cause", "traceback", "exitcode"):
+        if key in outcome:
+            record[key] = outcome[key]
+    if "value" in outcome:
+        record["result"] = outcome["value"]
+    return record
 
 
 def markdown(payload: dict) -> str:
@@ -214,13 +254,30 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    stop_on_signals()
+    # The parts are forked from this process, and once it has asked CUDA anything (even
+    # torch.cuda.is_available(), which counts devices through the driver) a forked part cannot
+    # use CUDA at all. This process never asks; should a library it imports ask, NVML answers.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if args.tiny:  # tiny shapes gain nothing from intra-op threads and lose much on a busy machine
-        import os
-
         import torch
 
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)  # forked parts inherit it
+    command = "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    machine = common.machine()
+
+    def write(results: dict) -> dict:
+        """gpu_check.json and .md as they stand, each replaced whole (a kill mid-write leaves the last)."""
+        from nmtkit.storage.files import atomic_write_text
+
+        payload = {"command": command, "machine": machine, "tiny": args.tiny,
+                   "wall_s": round(time.perf_counter() - started, 1), "parts": results}
+        atomic_write_text(out / "gpu_check.json", json.dumps(payload, indent=2, default=str) + "\n")
+        atomic_write_text(out / "gpu_check.md", markdown(payload))
+        return payload
+
+    write({})
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         settings = {"device": args.device, "tiny": args.tiny, "scratch": scratch, "data": args.data}
         import gpu_runs
@@ -230,22 +287,15 @@ def main(argv=None) -> dict:
             settings["data"] = str(made["value"]) if made["status"] == "ok" else None
             if settings["data"] is None:
                 print(f"gpu_check: could not prepare the toy data: {made}", file=sys.stderr)
-        command = "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        machine = common.machine()
-
-        def write(results: dict) -> dict:
-            payload = {"command": command, "machine": machine, "tiny": args.tiny,
-                       "wall_s": round(time.perf_counter() - started, 1), "parts": results}
-            (out / "gpu_check.json").write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-            (out / "gpu_check.md").write_text(markdown(payload), encoding="utf-8")
-            return payload
-
         return write(run_parts(settings, chosen, args.budget_s, write))
 
 
 if __name__ == "__main__":
     try:
         main()
+    except Stopped as stopped:  # what finished is in --out already
+        print(f"gpu_check: stopped: {stopped}", file=sys.stderr)
+        sys.exit(1)
     except Exception:  # the check itself broke: say so in one place, with the traceback
         traceback.print_exc()
         sys.exit(1)

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from gpu_training import synchronize
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import greedy_search
@@ -67,14 +68,15 @@ def case_runner(model, case: str, device):
 
 
 def timed(function, device, repeats: int = 3) -> float:
-    """Median milliseconds of ``repeats`` runs after one warm-up."""
+    """Median milliseconds of ``repeats`` runs after one warm-up (the device drained before and
+    after each: CUDA kernels run after the call returns)."""
     function()
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         function()
-        torch.cuda.synchronize(device)
+        synchronize(device)
         times.append(1000 * (time.perf_counter() - start))
     return round(statistics.median(times), 2)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -210,7 +209,7 @@ def decode_part(settings: dict) -> dict:
 def add_record(settings: dict, records: list, record: dict) -> None:
     """Keep ``record``, and save all so far where gpu_check.py finds them if the part is stopped."""
     records.append(record)
-    Path(settings["partial"]).write_text(json.dumps({"records": records}), encoding="utf-8")
+    common.save_partial(settings["partial"], {"records": records})
 
 
 def time_is_up(settings: dict, margin: float) -> bool:
@@ -310,6 +309,13 @@ def torchrun_part(settings: dict) -> dict:
     then a second launch resumes to more updates."""
     if not settings["device"].startswith("cuda"):
         raise common.Skipped("needs CUDA (NCCL)")
+    return torchrun_launches(settings)
+
+
+def torchrun_launches(settings: dict) -> dict:
+    """The two launches of the torchrun part (gloo on a CPU). Each launch is given what is left
+    of the part's time, less a margin, so an overrunning one is recorded here with the launch
+    before it; its worker dies with it (gpu_ddp.py's die_with_parent)."""
     data = Path(settings["data"])
     scratch = Path(settings["scratch"]) / "torchrun"
     recipe = work_recipe(data, scratch, settings, max_steps=4, save_every=2, validate_every=4, log_every=2,
@@ -319,12 +325,20 @@ def torchrun_part(settings: dict) -> dict:
     for launch, steps in (("first", 4), ("resumed", 8)):
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", launcher,
                 str(recipe), f"train.max_steps={steps}"]
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=common.REPO, timeout=300,
-                              env=common.child_env(None))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, cwd=common.REPO, env=common.child_env(None),
+                                  timeout=max(1.0, settings["deadline"] - time.time() - 3))
+            returncode, stderr = done.returncode, done.stderr
+        except subprocess.TimeoutExpired as late:  # its output so far: bytes, even with text=True
+            returncode, stderr = None, late.stderr or b""
+            stderr = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
         saved = sorted(p.name for p in (scratch / "train" / "checkpoints").glob("step_*"))
-        out[launch] = {"returncode": done.returncode, "checkpoints": saved, "stderr_tail": done.stderr[-1500:],
-                       "said_resumed": "resumed from step_00000004" in done.stderr}
-        if done.returncode != 0:
+        out[launch] = {"returncode": returncode, "checkpoints": saved, "stderr_tail": stderr[-1500:],
+                       "said_resumed": "resumed from step_00000004" in stderr}
+        if returncode is None:
+            out[launch]["status"] = "timeout: the part's time limit"
+        common.save_partial(settings["partial"], out)
+        if returncode != 0:
             break
     resumed = out.get("resumed", {})
     out["passed"] = bool(resumed.get("returncode") == 0 and "step_00000008" in resumed.get("checkpoints", [])

@@ -7,9 +7,7 @@ Parts: ``training`` (float32 on the device follows the CPU, bf16 and fp16 end ne
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -254,6 +252,6 @@ def train_speed_part(settings: dict) -> dict:
         if peak["gflops"] and result.get("model_tflops"):
             result["mfu_pct"] = round(100 * result["model_tflops"] * 1000 / peak["gflops"], 1)
         records.append({"run": name, "model": size, "dtype": dtype, **result})
-        Path(settings["partial"]).write_text(json.dumps({"records": records}), encoding="utf-8")  # if cut short
+        common.save_partial(settings["partial"], {"records": records})  # if cut short
     return {"bf16_matmul_peak_gflops": peak["gflops"], "records": records,
             "targets": {"base_bf16_mfu_pct": 40, "big_bf16_mfu_pct": 45}}

@@ -160,3 +160,151 @@ def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch):
                        torch.cat([src.ne(0), torch.zeros(2, 1, dtype=torch.bool)], 1), tgt)
     assert [mask is None for mask in seen] == [False, True, False]  # decoder self-attention: is_causal
     torch.testing.assert_close(unmasked, padded, atol=1e-6, rtol=1e-6)
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (forked children inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # exited meanwhile, or not ours
+            pass
+    return found
+
+
+def test_a_check_stopped_from_outside_ends_its_part_and_keeps_what_finished(tmp_path):
+    """The device command runs the check under ``timeout``: its SIGTERM must end the running part
+    with everything that part started (they sit in their own process group, out of the signal's
+    reach) and leave the finished parts, the stopped one and those not run in gpu_check.json."""
+    import signal
+    import uuid
+
+    marker = f"GPU_CHECK_TEST_{uuid.uuid4().hex}"
+    out = tmp_path / "out"
+    env = {**os.environ, marker: "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    check = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out),
+                              "--device", "cpu", "--tiny", "--parts", "device,resume,decode"],
+                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # the JSON names the running part before it starts
+            record = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
+            if record.get("parts", {}).get("resume", {}).get("status") == "running":
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the part: its training processes are running
+        check.send_signal(signal.SIGTERM)
+        _, stderr = check.communicate(timeout=30)
+    finally:
+        check.kill()
+    assert check.returncode == 1, stderr.decode()[-2000:]
+    assert "gpu_check: stopped: the check was stopped from outside (SIGTERM)" in stderr.decode()
+    parts = json.loads((out / "gpu_check.json").read_text())["parts"]
+    assert [(name, parts[name]["status"]) for name in parts] == [
+        ("device", "measured"), ("resume", "stopped"), ("decode", "not run")]
+    assert 0 < parts["resume"]["seconds"] < 30 and "result" not in parts["resume"]
+    assert "| resume | stopped |" in (out / "gpu_check.md").read_text()
+    time.sleep(0.5)  # SIGKILLed processes leave /proc once reaped
+    assert processes_marked(marker) == []
+
+
+def test_a_partial_record_cut_mid_write_reads_as_none(tmp_path):
+    """A part killed while saving its figures must not break the check that reads them."""
+    path = tmp_path / "part.partial.json"
+    assert common.read_partial(path) is None
+    common.save_partial(path, {"records": [{"run": "base-bf16", "tgt_tok_s": 1.5}]})
+    assert common.read_partial(path) == {"records": [{"run": "base-bf16", "tgt_tok_s": 1.5}]}
+    assert [p.name for p in tmp_path.iterdir()] == ["part.partial.json"]  # no temporary left beside it
+    path.write_text('{"records": [{"run": "ba', encoding="utf-8")
+    assert common.read_partial(path) is None
+
+
+def test_a_restricted_sdpa_backend_that_cannot_run_raises_what_the_kernels_part_catches():
+    """The kernels part proves a backend serves a step by restricting SDPA to it: a backend that
+    cannot run must raise RuntimeError (recorded as that backend's error), not fall back."""
+    import gpu_kernels
+
+    q = torch.randn(1, 2, 5, 8)
+    with torch.nn.attention.sdpa_kernel(gpu_kernels.backend_sets()["efficient"]):  # no CPU kernel
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    with torch.nn.attention.sdpa_kernel(gpu_kernels.backend_sets()["math"]):
+        torch.testing.assert_close(torch.nn.functional.scaled_dot_product_attention(q, q, q),
+                                   (q @ q.transpose(-1, -2) / 8 ** 0.5).softmax(-1) @ q)
+
+
+def test_the_kernels_probe_times_every_backend_set_or_names_its_error():
+    """probe() on CPU (bf16 attention there is explicit matmuls, outside SDPA's backends): every
+    backend set is timed, with the device drained around each timing."""
+    import gpu_kernels
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1,
+                                    dropout=0.0), gpu_kernels.VOCAB, gpu_kernels.VOCAB)
+    for case in ("train-padded", "decode-padded"):
+        record = gpu_kernels.probe(model, case, torch.device("cpu"))
+        assert set(record) == {"default_ms", *(f"{name}_ms" for name in gpu_kernels.backend_sets())}, record
+        assert all(ms > 0 for ms in record.values()), record
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, killed and not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_program_a_part_started_in_a_session_of_its_own_is_stopped_with_the_part(tmp_path):
+    """torchrun starts its workers in sessions of their own, out of reach of the part's process
+    group: whatever a part started is stopped with it all the same, by its environment's mark."""
+    pid_file = tmp_path / "pid"
+
+    def starts_a_session_and_hangs(_):
+        sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        pid_file.write_text(str(sleeper.pid))
+        time.sleep(60)
+
+    assert common.run_isolated(starts_a_session_and_hangs, None, 3)["status"] == "timeout"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(pid)
+    assert common.ISOLATION_MARKER not in os.environ  # the mark is the part's alone
+
+
+ASKING_CUDA = """
+import json, sys, torch
+asked = []
+def recording(name, original):
+    def call(*args, **kwargs):
+        asked.append(name)
+        return original(*args, **kwargs)
+    return call
+for name in ("is_available", "device_count", "_lazy_init", "init", "is_bf16_supported", "get_device_properties"):
+    setattr(torch.cuda, name, recording(name, getattr(torch.cuda, name)))
+sys.path.insert(0, sys.argv[1])
+import gpu_check
+payload = gpu_check.main(sys.argv[2:])
+print(json.dumps({"asked": asked, "device": payload["parts"]["device"]["status"]}))
+"""
+
+
+def test_the_check_itself_never_asks_cuda_so_its_forked_parts_can_use_it(tmp_path):
+    """Each part is forked from the check's process, and a process forked after its parent asked
+    CUDA anything (torch.cuda.is_available() included) cannot use CUDA: the parent must not ask,
+    in all it does for a CUDA run (its imports, the machine record, the parts' modules)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", ASKING_CUDA, str(REPO / "benchmarks"), "--out", str(tmp_path),
+                           "--device", "cuda", "--parts", "device", "--data", str(tmp_path / "data")],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["asked"] == []
+    assert record["device"] == ("measured" if torch.cuda.is_available() else "error")  # the part asked, forked
