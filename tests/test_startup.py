@@ -1,0 +1,81 @@
+"""What translate's start-up skips must not change what it translates with: a model loaded
+from its directory (built without a random initialisation, every weight then loaded) equals
+the model that was saved, in every weight, buffer and output; and damaged weights are still
+refused."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nmtkit.config import ModelConfig
+from nmtkit.data.vocab import Vocab
+from nmtkit.errors import CheckpointError
+from nmtkit.models.build import build_model
+from nmtkit.modeldir import load_model_dir, save_model_dir
+
+TINY = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=2, dropout=0.0,
+                   max_positions=32)
+VARIANTS = {
+    "sinusoidal": TINY,  # a computed, non-persistent position table
+    "learned": dataclasses.replace(TINY, positions="learned", tie_embeddings="none"),
+    "alibi-rmsnorm": dataclasses.replace(TINY, positions="alibi", norm="rmsnorm", pre_norm=True),
+    "rope-moe": dataclasses.replace(TINY, positions="rope", moe_experts=2, tie_embeddings="decoder"),
+    "lstm": ModelConfig(arch="rnn", embed_dim=16, hidden_dim=16, encoder_layers=1, decoder_layers=1, dropout=0.0),
+    "gru-luong": ModelConfig(arch="rnn", cell="gru", attention="luong-general", embed_dim=16, hidden_dim=24,
+                             encoder_layers=1, decoder_layers=1, dropout=0.0),
+}
+
+
+def tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer, persistent or not, by name."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_loaded_model_equals_the_saved_one(tmp_path, tiny_spm, name):
+    cfg = VARIANTS[name]
+    size = len(Vocab(tiny_spm))
+    torch.manual_seed(3)
+    saved = build_model(cfg, size, size).eval()
+    directory = save_model_dir(saved, cfg, tmp_path / "model", tiny_spm, tiny_spm)
+    torch.manual_seed(3)  # the same draws: a loader that kept its random init would not differ by chance
+    loaded = load_model_dir(directory).model
+    want, got = tensors(saved), tensors(loaded)
+    assert sorted(got) == sorted(want)
+    for key, tensor in want.items():
+        assert torch.equal(got[key], tensor), key
+    tied = {n for n, p in saved.named_parameters(remove_duplicate=False) if p is saved.output_proj.weight}
+    assert {n for n, p in loaded.named_parameters(remove_duplicate=False) if p is loaded.output_proj.weight} == tied
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    tgt = torch.tensor([[2, 11, 12], [2, 13, 0]])
+    with torch.no_grad():
+        assert torch.equal(loaded(src, src != 0, tgt), saved(src, src != 0, tgt))
+
+
+def test_building_to_load_draws_no_random_numbers():
+    """Without the random initialisation the global generator is untouched (so the build did
+    no fills); with it, the same build draws as before."""
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    build_model(TINY, 40, 40, random_init=False)
+    assert torch.equal(torch.rand(4), expected)
+    torch.manual_seed(0)
+    first = build_model(TINY, 40, 40).state_dict()
+    torch.manual_seed(0)
+    second = build_model(TINY, 40, 40).state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert first["src_embed.weight"].abs().sum() > 0
+
+
+def test_a_flipped_weight_byte_is_still_refused(tmp_path, tiny_spm):
+    size = len(Vocab(tiny_spm))
+    directory = save_model_dir(build_model(TINY, size, size), TINY, tmp_path / "model", tiny_spm, tiny_spm)
+    weights = directory / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01  # inside the last tensor: still a well-formed safetensors file
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_model_dir(directory)
