@@ -129,3 +129,19 @@ def test_translate_refuses_weights_damaged_while_it_starts(saved_dir, monkeypatc
     code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(saved_dir), "--device", "cpu")
     assert out == ""
     assert_error(code, err, 2, f"{weights}: checksum mismatch")
+
+
+def test_the_console_made_before_rich_prints_as_before():
+    """The console imports rich at its first output; what it prints is unchanged by that."""
+    import io
+
+    from nmtkit.runtime.console import NmtConsole
+
+    out = io.StringIO()
+    quiet, normal = NmtConsole(-1, file=out, width=60), NmtConsole(0, file=out, width=60)
+    quiet.info("hidden when quiet")
+    quiet.warn("a warning is one line, " + "long " * 20)
+    normal.info("shown")
+    normal.detail("only when verbose")
+    assert out.getvalue() == "warning: a warning is one line, " + "long " * 20 + "\nshown\n"  # one line, unwrapped
+    assert normal.is_terminal is False and normal.width == 60
