@@ -137,10 +137,8 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
     """Translate a file or stdin; always one output line per input line, in order. Decode
     settings not given as flags are the model's own (its recipe's decode section)."""
     from nmtkit.runtime.threads import start_reading
-    from nmtkit.storage.checksums import hash_listed_ahead
 
     start_reading(run_flags.threads)  # auto threads: the load is read while torch and the model load
-    hash_listed_ahead(model)  # and the model's files are hashed for their checks (storage/ahead.py)
     from nmtkit.decoding.guides import GuideFiles
     from nmtkit.translate_files import resolve_options, translate_file
 

@@ -35,7 +35,6 @@ from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.models.base import Seq2Seq
 from nmtkit.models.build import build_model
-from nmtkit.storage.ahead import file_sha256
 from nmtkit.storage.checksums import MANIFEST, verify, write_manifest
 from nmtkit.storage.files import UMASK, atomic_write_text, read_regular, replace_directory, sha256_file, temp_beside
 
@@ -97,7 +96,7 @@ def read_weights(path: Path, expected_sha256: Optional[str] = None) -> dict[str,
 
     if not path.is_file():
         raise CheckpointError(f"weights not found: {path}")
-    if expected_sha256 and file_sha256(path) != expected_sha256:
+    if expected_sha256 and sha256_file(path) != expected_sha256:
         raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupt file)")
     try:
         return load_file(str(path))

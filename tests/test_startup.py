@@ -1,10 +1,11 @@
-"""What translate's start-up skips or moves must not change what it translates with: a model
-loaded from its directory (built without a random initialisation, every weight then loaded)
-equals the model that was saved, in every weight, buffer and output; and damaged weights are
-still refused, whether their checksum was computed ahead (beside torch's import) or not."""
+"""What translate's start-up skips must not change what it translates with: a model loaded
+from its directory (built without a random initialisation, every weight then loaded) equals
+the model that was saved, in every weight, buffer and output; damaged weights are still
+refused; the console that rich now joins late prints as before."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 
 import pytest
@@ -15,9 +16,6 @@ from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError
 from nmtkit.models.build import build_model
 from nmtkit.modeldir import load_model_dir, save_model_dir
-from nmtkit.storage import ahead
-from nmtkit.storage.checksums import hash_listed_ahead
-from nmtkit.storage.files import sha256_file
 from tests.support.cli import assert_error, cli_in_process
 
 TINY = ModelConfig(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=2, dropout=0.0,
@@ -91,50 +89,22 @@ def flip_a_weight_byte(weights) -> None:
     os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # even the modification time kept
 
 
-@pytest.mark.parametrize("hashed_ahead", [False, True])
-def test_a_flipped_weight_byte_is_still_refused(saved_dir, hashed_ahead):
-    if hashed_ahead:  # the digest of the good file is ready before the damage
-        hash_listed_ahead([saved_dir])
-        ahead._pending[saved_dir / "model.safetensors"]._thread.join()
+def test_a_flipped_weight_byte_is_still_refused(saved_dir):
     flip_a_weight_byte(saved_dir / "model.safetensors")
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         load_model_dir(saved_dir)
-    assert saved_dir / "model.safetensors" not in ahead._pending  # its digest was taken, and not trusted
 
 
-def test_a_digest_computed_ahead_is_used_once_while_the_file_is_unchanged(saved_dir, monkeypatch):
-    weights = saved_dir / "model.safetensors"
-    hash_listed_ahead([saved_dir])
-    assert {saved_dir / name for name in ("model.safetensors", "config.json", "spm.model")} <= set(ahead._pending)
-    ahead._pending[weights]._thread.join()
-    right = sha256_file(weights)
-    monkeypatch.setattr(ahead, "sha256_file", lambda path: "hashed again")
-    assert ahead.file_sha256(weights) == right  # ready: not hashed again
-    assert ahead.file_sha256(weights) == "hashed again"  # used once
-
-
-def test_translate_refuses_weights_damaged_while_it_starts(saved_dir, monkeypatch, capsys):
-    """The CLI hashes the model's files ahead; a file changed after that is still a one-line error."""
-    from nmtkit.storage import checksums
-
-    weights = saved_dir / "model.safetensors"
-
-    def hash_then_damage(directories):
-        hash_listed_ahead(directories)
-        ahead._pending[weights]._thread.join()
-        flip_a_weight_byte(weights)
-
-    monkeypatch.setattr(checksums, "hash_listed_ahead", hash_then_damage)
-    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("the cat\n"))
+def test_translate_refuses_a_flipped_weight_byte_in_one_line(saved_dir, monkeypatch, capsys):
+    flip_a_weight_byte(saved_dir / "model.safetensors")
+    monkeypatch.setattr("sys.stdin", io.StringIO("the cat\n"))
     code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(saved_dir), "--device", "cpu")
     assert out == ""
-    assert_error(code, err, 2, f"{weights}: checksum mismatch")
+    assert_error(code, err, 2, f"{saved_dir / 'model.safetensors'}: checksum mismatch")
 
 
 def test_the_console_made_before_rich_prints_as_before():
     """The console imports rich at its first output; what it prints is unchanged by that."""
-    import io
-
     from nmtkit.runtime.console import NmtConsole
 
     out = io.StringIO()

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from nmtkit.errors import NmtkitError
-from nmtkit.storage.ahead import file_sha256, hash_ahead
 from nmtkit.storage.files import atomic_write_text, read_regular, sha256_file
 
 MANIFEST = "checksums.json"
@@ -70,19 +69,6 @@ def verify(directory: Path, names: Iterable[str], error: type[NmtkitError],
         if not path.is_file():
             raise error(f"{path}: missing or not a file ({directory / MANIFEST} lists it){hint}")
         expected = files[name]
-        if path.stat().st_size != expected["size"] or file_sha256(path) != expected["sha256"]:
+        if path.stat().st_size != expected["size"] or sha256_file(path) != expected["sha256"]:
             raise error(f"{path}: checksum mismatch (truncated or corrupt file){hint}")
     return True
-
-
-def hash_listed_ahead(directories: Iterable[str | Path]) -> None:
-    """Begin hashing, in the background, the files each directory's manifest lists, so that its
-    reader's ``verify`` finds their digests ready (``storage/ahead.py``). A directory without a
-    manifest, or with a damaged one, is left to its reader, which says so."""
-    for directory in directories:
-        try:
-            files = read_manifest(Path(directory), NmtkitError)
-        except NmtkitError:
-            continue
-        if files:
-            hash_ahead(Path(directory) / name for name in sorted(files))
