@@ -115,3 +115,16 @@ def test_the_console_made_before_rich_prints_as_before():
     normal.detail("only when verbose")
     assert out.getvalue() == "warning: a warning is one line, " + "long " * 20 + "\nshown\n"  # one line, unwrapped
     assert normal.is_terminal is False and normal.width == 60
+
+
+def test_a_joint_vocabulary_is_loaded_once_and_separate_ones_twice(saved_dir, tmp_path, tiny_spm):
+    joint = load_model_dir(saved_dir)
+    assert joint.src_vocab is joint.tgt_vocab
+    assert joint.src_vocab.decode(joint.src_vocab.encode("the cat sat")) == "the cat sat"
+    cfg = dataclasses.replace(TINY, tie_embeddings="none")
+    size = len(Vocab(tiny_spm))
+    other = tmp_path / "tgt.model"
+    other.write_bytes(tiny_spm.read_bytes())  # the same model under another name: a second file to load
+    separate = load_model_dir(save_model_dir(build_model(cfg, size, size), cfg, tmp_path / "two", tiny_spm, other))
+    assert separate.src_vocab is not separate.tgt_vocab
+    assert (separate.src_vocab.path.name, separate.tgt_vocab.path.name) == ("spm.model", "tgt.model")
