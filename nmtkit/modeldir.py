@@ -262,7 +262,7 @@ def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu",
     model_cfg = model_config_from_meta(meta, model_dir / CONFIG)
     weights = read_model_weights(model_dir, meta)
     src_vocab, tgt_vocab = load_vocabs(model_dir, meta)
-    model = build_model(model_cfg, len(src_vocab), len(tgt_vocab))
+    model = build_model(model_cfg, len(src_vocab), len(tgt_vocab), random_init=False)  # every weight loaded next
     load_weights(model, weights, model_dir / WEIGHTS)
     model.to(device).eval()
     return LoadedModel(model, model_cfg, src_vocab, tgt_vocab, meta)

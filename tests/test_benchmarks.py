@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,6 +76,23 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         assert payload["records"] and payload["machine"]["cores"] >= 1
         assert (tmp_path / f"{name}.md").read_text(encoding="utf-8").startswith("## ")
 
+
+
+def test_startup_phases_split_one_translation_into_its_phases(model_dir, tmp_path):
+    """Every phase is marked in the child, in order: the phases are non-negative and the total
+    holds each of them."""
+    out = tmp_path / "phases.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "startup_phases.py"), "--model", str(model_dir),
+                           "--tree", str(BENCHMARKS.parent), "--runs", "1", "--json", str(out)],
+                          capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    phases = json.loads(out.read_text(encoding="utf-8"))["medians"][str(BENCHMARKS.parent)]
+    assert list(phases) == ["to the command", "imports (torch)", "options, side files", "model load",
+                            "first search", "to first line"]
+    total_wall, total_cpu = phases.pop("to first line")
+    assert all(wall >= 0 and cpu >= 0 for wall, cpu in phases.values())
+    assert sum(wall for wall, _ in phases.values()) <= total_wall + 0.002  # rounding of each part
+    assert done.stdout.decode().startswith("| phase (median of 1")
 
 def test_constraints_benchmark_compares_sets_at_each_beam(trained, tmp_path):
     import constraints_speed

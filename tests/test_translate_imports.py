@@ -34,3 +34,16 @@ def test_translate_imports_nothing_it_does_not_need(model_dir, tmp_path, way):
     assert {"torch", "sentencepiece", "nmtkit.translate_files"} <= modules  # the measurement sees imports
     heavy = sorted(m for m in modules if m in NOT_FOR_TRANSLATE or m.split(".")[0] in NOT_FOR_TRANSLATE[:-2])
     assert heavy == []
+
+
+@pytest.mark.parametrize("way", ["piped", "file"])
+def test_translate_with_nothing_to_say_imports_no_rich(model_dir, tmp_path, way):
+    """rich is imported for the first message on stderr; a translation with none to show (one
+    thread asked for, so no note on the machine's load) never imports it."""
+    source = tmp_path / "line.txt"
+    source.write_bytes(b"the cat sat\n")
+    args = ["translate", "-m", str(model_dir), "--device", "cpu", "-b", "2", "--max-len-b", "4", "--threads", "1"]
+    modules = imported_modules([*args, "-i", str(source)] if way == "file" else args,
+                               b"" if way == "file" else source.read_bytes())
+    assert "nmtkit.runtime.console" in modules  # the console was made
+    assert sorted(m for m in modules if m.split(".")[0] == "rich") == []

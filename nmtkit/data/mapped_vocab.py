@@ -162,11 +162,13 @@ def load_vocabs(directory: Path, meta: dict) -> tuple[Vocab, Vocab]:
     SentencePiece models (``meta["spm"]``), numbered by their id maps (``meta["id_maps"]``) when
     it has them. Verified against the directory's checksums.json by the caller."""
     spm, maps = meta["spm"], meta.get("id_maps")
-    if not maps:
-        return Vocab(directory / spm["src"]), Vocab(directory / spm["tgt"])
-    verify(directory, sorted(set(maps.values())), DataError)
-    return (MappedVocab(directory / spm["src"], directory / maps["src"]),
-            MappedVocab(directory / spm["tgt"], directory / maps["tgt"]))
+    if maps:
+        verify(directory, sorted(set(maps.values())), DataError)
+    joint = spm["src"] == spm["tgt"] and (not maps or maps["src"] == maps["tgt"])
+    sides = ("src",) if joint else ("src", "tgt")  # a joint vocabulary is loaded once (a vocab is read-only)
+    loaded = [MappedVocab(directory / spm[side], directory / maps[side]) if maps else Vocab(directory / spm[side])
+              for side in sides]
+    return loaded[0], loaded[-1]
 
 
 def vocab_files(meta: dict) -> list[str]:

@@ -1,16 +1,46 @@
 """Build a model from its config: one explicit branch per architecture, no registry."""
 from __future__ import annotations
 
+import contextlib
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
 from nmtkit.config import ModelConfig
 from nmtkit.errors import NmtkitError
 from nmtkit.models.base import Seq2Seq
 
+# Every random fill a module's initialisation can call: nn.init's functions (each dispatches
+# here as itself while a mode is active) and the tensor methods they end in.
+RANDOM_FILLS = frozenset({
+    torch.Tensor.uniform_, torch.Tensor.normal_, nn.init.uniform_, nn.init.normal_, nn.init.trunc_normal_,
+    nn.init.xavier_uniform_, nn.init.xavier_normal_, nn.init.kaiming_uniform_, nn.init.kaiming_normal_,
+    nn.init.orthogonal_,
+})
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Seq2Seq:
+
+class _SkipRandomFills(TorchFunctionMode):
+    """Random fills left undone (the tensor keeps what ``torch.empty`` gave it); everything else,
+    computed buffers and constant fills included, runs as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in RANDOM_FILLS:  # nn.init's functions dispatch with the tensor as a keyword
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, random_init: bool = True) -> Seq2Seq:
     """The model ``cfg`` describes. A size within the recipe's ranges may still not fit this
-    machine's memory: that is one line naming the model's size, not an allocator traceback."""
+    machine's memory: that is one line naming the model's size, not an allocator traceback.
+
+    ``random_init=False`` is for a caller about to load every weight (``modeldir.load_weights``
+    checks that the file holds exactly the model's tensors): the random initialisation it would
+    overwrite is skipped, which was most of the time a translation spent building its model
+    (a fill per weight, twice for Linear layers). Its weights hold garbage until loaded."""
     try:
-        return _build(cfg, src_vocab_size, tgt_vocab_size)
+        with contextlib.nullcontext() if random_init else _SkipRandomFills():
+            return _build(cfg, src_vocab_size, tgt_vocab_size)
     except (RuntimeError, MemoryError) as err:
         if not (isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "out of memory" in str(err)):
             raise

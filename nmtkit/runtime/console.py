@@ -2,19 +2,42 @@
 
 Colours follow rich's rules (off when not a terminal or when ``NO_COLOR`` is set).
 Verbosity: -1 quiet (warnings and errors), 0 normal, 1 verbose.
+
+rich itself is imported at the first output, not when the console is made: ``nmtkit
+translate`` on an idle machine prints nothing to stderr, and importing rich would cost it
+about 0.02 s before its first line.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-class NmtConsole(Console):
+class NmtConsole:
+    """nmtkit's messages (info, detail, warn, progress bars) over a rich ``Console`` on stderr,
+    made on first use from ``kwargs``; every other Console attribute (``print``,
+    ``is_terminal``, ``status``, ...) is the rich console's own."""
+
     def __init__(self, verbosity: int = 0, **kwargs: Any) -> None:
-        super().__init__(stderr=True, highlight=False, **kwargs)
         self.verbosity = verbosity
+        self._kwargs = kwargs
+        self._rich: Optional[Console] = None
+
+    @property
+    def rich(self) -> "Console":
+        if self._rich is None:
+            from rich.console import Console
+
+            self._rich = Console(stderr=True, highlight=False, **self._kwargs)
+        return self._rich
+
+    def __getattr__(self, name: str) -> Any:  # only for names this class does not define
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.rich, name)
 
     def info(self, *objects: Any, **kwargs: Any) -> None:
         if self.verbosity >= 0:
@@ -27,7 +50,7 @@ class NmtConsole(Console):
     def rule(self, *args: Any, **kwargs: Any) -> None:
         """A section heading (hidden when quiet)."""
         if self.verbosity >= 0:
-            super().rule(*args, **kwargs)
+            self.rich.rule(*args, **kwargs)
 
     def warn(self, message: str) -> None:
         self.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)  # one line, whatever the width
@@ -38,7 +61,7 @@ class NmtConsole(Console):
         from rich.progress import Progress
 
         kwargs.setdefault("disable", self.verbosity < 0)
-        return Progress(*(columns or _columns()), console=self, transient=False, **kwargs)
+        return Progress(*(columns or _columns()), console=self.rich, transient=False, **kwargs)
 
     @contextlib.contextmanager
     def terminal_bar(self, description: str, total: Optional[int], unit: Optional[str] = None,
