@@ -40,7 +40,8 @@ def memory_by_kind() -> dict[str, float]:
     return {kind: round(mib) for kind, mib in kinds.items()}
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
+    """The RSS after each batch (MiB) and the resident memory by kind at the end."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="nmtkit model directory")
     parser.add_argument("--data", required=True, help="prepared directory (WORKDIR/prepared)")
@@ -68,10 +69,14 @@ def main(argv=None) -> None:
     translator = Translator(TorchEngine.from_loaded(load_models([args.model], torch.device("cpu")), options),
                             options)
     print(f"loaded: {rss_mib():.0f} MiB")
+    after = []
     for batch in range(args.batches):
         translator.translate(lines[batch * args.batch_lines:(batch + 1) * args.batch_lines])
-        print(f"after batch {batch + 1}: {rss_mib():.0f} MiB", flush=True)
-    print("resident by kind (MiB):", memory_by_kind())
+        after.append(round(rss_mib(), 1))
+        print(f"after batch {batch + 1}: {after[-1]:.0f} MiB", flush=True)
+    kinds = memory_by_kind()
+    print("resident by kind (MiB):", kinds)
+    return {"rss_after_batches_mib": after, "resident_by_kind_mib": kinds}
 
 
 if __name__ == "__main__":

@@ -76,6 +76,19 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         assert (tmp_path / f"{name}.md").read_text(encoding="utf-8").startswith("## ")
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self")
+def test_decode_memory_reports_rss_after_each_batch_and_where_it_lies(trained):
+    import decode_memory
+
+    model, data = trained
+    report = decode_memory.main(["--model", str(model), "--data", str(data), "--dtype", "float32", "--beam", "2",
+                                 "--batches", "3", "--batch-lines", "2",
+                                 "--untuned"])  # leaves this test process's malloc and environment alone
+    assert len(report["rss_after_batches_mib"]) == 3 and min(report["rss_after_batches_mib"]) > 50
+    kinds = report["resident_by_kind_mib"]
+    assert set(kinds) <= {"heap", "anon", "jit code", "files"} and kinds["heap"] + kinds["files"] > 20
+
+
 def test_constraints_benchmark_compares_sets_at_each_beam(trained, tmp_path):
     import constraints_speed
 
