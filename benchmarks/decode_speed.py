@@ -202,10 +202,10 @@ def measure(cfg: dict) -> dict:
 
 
 def child(cfg: dict) -> None:
-    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
+    from nmtkit.runtime.allocator import bound_kernel_caches, keep_freed_memory
 
     keep_freed_memory()  # as the nmtkit CLI does
-    bound_onednn_cache()
+    bound_kernel_caches()
     from nmtkit.runtime.console import NmtConsole
     from nmtkit.runtime.threads import configure_threads
 

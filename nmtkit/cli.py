@@ -76,10 +76,10 @@ def _main(
 ) -> None:
     _state["debug"] = debug or bool(os.environ.get("NMTKIT_DEBUG"))
     _state["verbosity"] = -1 if quiet else (1 if verbose else 0)
-    from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
+    from nmtkit.runtime.allocator import bound_kernel_caches, keep_freed_memory
 
     keep_freed_memory()  # before the first large tensor: see runtime/allocator.py
-    bound_onednn_cache()  # before torch loads oneDNN (no command has imported it yet)
+    bound_kernel_caches()  # before torch loads oneDNN (no command has imported it yet)
 
 
 def _refuse_unused(ctx: typer.Context, rules: list) -> None:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nmtkit.runtime.allocator import bound_onednn_cache, keep_freed_memory
+from nmtkit.runtime.allocator import bound_kernel_caches, keep_freed_memory
 
 PROBE = """
 import resource, sys, torch
@@ -52,28 +52,70 @@ def test_a_users_own_allocator_choice_is_left_alone(monkeypatch, variable):
 
 CLI_PROBE = """
 import atexit, os, sys
-atexit.register(lambda: print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), "torch" in sys.modules))
+names = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+atexit.register(lambda: print(*(os.environ.get(name) for name in names), "torch" in sys.modules))
 sys.argv = ["nmtkit", "prepare", "--help"]
 from nmtkit.cli import main
 main()
 """
+CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-@pytest.mark.parametrize("users_value, expected", [(None, "64"), ("1024", "1024")])
-def test_the_cli_bounds_onednns_cache_before_torch_loads_unless_the_user_chose(users_value, expected):
-    """The CLI process (whose environment its children inherit) has the bound, set before any
-    command imported torch; a capacity the user set is kept."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-                                                            "DNNL_PRIMITIVE_CACHE_CAPACITY")}
-    if users_value is not None:
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = users_value
+@pytest.mark.parametrize("users_values, expected", [
+    ({}, "32 32"),
+    ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}, "1024 32"),
+    ({"LRU_CACHE_CAPACITY": "8"}, "32 8"),
+    ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "LRU_CACHE_CAPACITY": "1024"}, "0 1024"),
+])
+def test_the_cli_bounds_both_kernel_caches_before_torch_loads_unless_the_user_chose(users_values, expected):
+    """The CLI process (whose environment its children inherit) has both bounds, set before any
+    command imported torch; a capacity the user set is kept, each cache on its own."""
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES} | users_values
     done = subprocess.run([sys.executable, "-c", CLI_PROBE], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.splitlines()[-1] == f"{expected} False"
 
 
 def test_onednns_older_variable_name_counts_as_the_users_choice(monkeypatch):
-    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "placeholder")  # restored after the test
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    for name in CACHE_VARIABLES:
+        monkeypatch.setenv(name, "placeholder")  # restored after the test
+        monkeypatch.delenv(name)
     monkeypatch.setenv("DNNL_PRIMITIVE_CACHE_CAPACITY", "8")
-    assert bound_onednn_cache() is False
+    assert bound_kernel_caches() == ["LRU_CACHE_CAPACITY"]
     assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
+    assert os.environ["LRU_CACHE_CAPACITY"] == "32"
+
+
+SHAPES_PROBE = """
+import sys, torch
+from nmtkit.runtime.allocator import bound_kernel_caches
+if sys.argv[1] == "bounded":
+    bound_kernel_caches()
+torch.set_num_threads(1)
+def rss_mib(): return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2 ** 20
+weight = torch.randn(256, 256).bfloat16()
+def linears(rows): torch.nn.functional.linear(torch.randn(rows, 256).bfloat16(), weight)
+for rows in range(1, 41):  # warm-up: the caches fill
+    linears(rows)
+before = rss_mib()
+for rows in range(41, 241):  # what decoding does: a new row count at every step
+    linears(rows)
+print(rss_mib() - before)
+"""
+
+
+def growth_mib(mode: str) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
+    done = subprocess.run([sys.executable, "-c", SHAPES_PROBE, mode], capture_output=True, text=True, env=env,
+                          check=True)
+    return float(done.stdout.strip())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
+def test_bf16_matmuls_of_ever_new_shapes_stay_within_the_kernel_cache_bounds():
+    """200 bf16 matmuls of 200 shapes: with oneDNN's and ideep's default 1,024 entries each
+    shape's kernel stays resident; with the bounds memory stops growing once the caches are full."""
+    unbounded = growth_mib("unbounded")
+    if unbounded < 60:
+        pytest.skip(f"bf16 matmuls do not cache a kernel per shape here (+{unbounded:.0f} MiB unbounded)")
+    bounded = growth_mib("bounded")
+    assert bounded < 25 and bounded * 4 < unbounded  # measured on Zen 4: +7 MiB bounded, +132 unbounded

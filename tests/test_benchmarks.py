@@ -94,6 +94,20 @@ def test_startup_phases_split_one_translation_into_its_phases(model_dir, tmp_pat
     assert sum(wall for wall, _ in phases.values()) <= total_wall + 0.002  # rounding of each part
     assert done.stdout.decode().startswith("| phase (median of 1")
 
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self")
+def test_decode_memory_reports_rss_after_each_batch_and_where_it_lies(trained):
+    import decode_memory
+
+    model, data = trained
+    report = decode_memory.main(["--model", str(model), "--data", str(data), "--dtype", "float32", "--beam", "2",
+                                 "--batches", "3", "--batch-lines", "2",
+                                 "--untuned"])  # leaves this test process's malloc and environment alone
+    assert len(report["rss_after_batches_mib"]) == 3 and min(report["rss_after_batches_mib"]) > 50
+    kinds = report["resident_by_kind_mib"]
+    assert set(kinds) <= {"heap", "anon", "jit code", "files"} and kinds["heap"] + kinds["files"] > 20
+
+
 def test_constraints_benchmark_compares_sets_at_each_beam(trained, tmp_path):
     import constraints_speed
 

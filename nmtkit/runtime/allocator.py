@@ -10,17 +10,20 @@ Transformer quickstart and doubled for the LSTM one, whose varied tensor sizes f
 (benchmarks/RESULTS.md). The CLI calls this once at start (``NMTKIT_MALLOC=system`` opts out);
 as a library, nmtkit leaves the allocator of its host program alone.
 
-oneDNN's primitive cache is bounded: bf16 matmuls run through oneDNN, which keeps one compiled
-primitive per matrix shape, up to 1,024. Decoding sees a new row count almost every step, so
-the cache only grows: bf16 decoding of 400 verses reached ~1.2 GiB of RSS, and ~860 MiB at the
-same speed with 16 entries (benchmarks/RESULTS.md), so an entry costs ~0.3 MiB. The bound is
-64, not 16: one training step uses a few dozen shapes (each linear layer's forward and two
-backward products, the attention products, for encoder and decoder rows), the layers repeat them
-in turn, and a least-recently-used cache smaller than such a cycle misses on every access. 64
-holds a whole step for ~15 MiB more than 16 (not measured in training: the measuring machine
-lacked bf16 units). oneDNN reads the capacity from the environment once, when it first builds a
-primitive, so the CLI sets it before importing torch (and its child processes inherit it); a
-value the user set is kept.
+The caches of compiled matmul kernels are bounded. bf16 matmuls run through oneDNN, which
+JIT-compiles a kernel per matrix shape and keeps it twice over: in oneDNN's own primitive cache
+(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 1,024 entries by default) and in the LRU cache of ideep,
+PyTorch's oneDNN wrapper (``LRU_CACHE_CAPACITY``, 1,024 by default), whose entries keep their
+primitives alive after oneDNN evicts them, so bounding one cache alone bounds little. Decoding
+meets a new shape almost every step (the key length grows, the row count falls as hypotheses
+finish) and training a few dozen per batch shape, each entry holding ~0.3-1 MiB of heap: bf16
+decoding grew by ~60 MiB every 40 verses without end, and a 40-step bf16 training peaked at
+1.5 GiB, against ~1.0 GiB with 32 entries in each cache (docs/performance.md, "Memory in
+bf16"). Most kernels a training step needs are new anyway (its batch shape is) and a step's
+repeats fit in 32 entries: 40 steps compiled 1,258 kernels with 32 entries, 1,253 with 64 and
+1,312 with 16. Both libraries read their capacity from the environment once, when they first
+build a kernel, so the CLI sets them before importing torch (its child processes inherit them);
+a value the user set is kept (``LRU_CACHE_CAPACITY=0`` crashes PyTorch: the least is 1).
 """
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ import os
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_MAX = -4
-ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-ONEDNN_CACHE_ENTRIES = 64
+KERNEL_CACHE_ENTRIES = 32
+# each kernel cache's capacity variables: the first is the one nmtkit sets, any of them is the user's choice
+KERNEL_CACHES = (("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"),  # oneDNN's own
+                 ("LRU_CACHE_CAPACITY",))  # ideep's, in PyTorch
 
 
 def keep_freed_memory() -> bool:
@@ -47,10 +52,12 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-def bound_onednn_cache() -> bool:
-    """Give oneDNN's primitive cache ``ONEDNN_CACHE_ENTRIES`` entries unless the user chose a
-    capacity (either of oneDNN's two names for it); True if it set one."""
-    if ONEDNN_CACHE in os.environ or "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ:
-        return False
-    os.environ[ONEDNN_CACHE] = str(ONEDNN_CACHE_ENTRIES)
-    return True
+def bound_kernel_caches() -> list[str]:
+    """Give each cache of compiled matmul kernels ``KERNEL_CACHE_ENTRIES`` entries unless the
+    user chose its capacity (under any of its names); the variables it set."""
+    chosen = []
+    for names in KERNEL_CACHES:
+        if not any(name in os.environ for name in names):
+            os.environ[names[0]] = str(KERNEL_CACHE_ENTRIES)
+            chosen.append(names[0])
+    return chosen
