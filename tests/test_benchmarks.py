@@ -77,7 +77,6 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
         assert (tmp_path / f"{name}.md").read_text(encoding="utf-8").startswith("## ")
 
 
-
 def test_startup_phases_split_one_translation_into_its_phases(model_dir, tmp_path):
     """Every phase is marked in the child, in order: the phases are non-negative and the total
     holds each of them."""
