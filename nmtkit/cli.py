@@ -262,11 +262,14 @@ def sweep(
     splits: Optional[int] = typer.Option(None, "--splits", metavar="<K>", show_default=False,
                                          help="... and once per data split 0..K-1 (data.split_seed; 0 is the "
                                               "recipe's own split; replaces the file's splits)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", metavar="<variant>", show_default=False,
+                                           help="The variant the p-values test against (default: the file's "
+                                                "`baseline:`, else the first variant)."),
 ) -> None:
     """Run every variant of a recipe (each as `nmtkit run`) and tabulate them with significance tests."""
     from nmtkit.sweep.spec import load_sweep, parse_seeds
 
-    plan = load_sweep(sweep_file, parse_seeds(seeds) if seeds is not None else None, splits)
+    plan = load_sweep(sweep_file, parse_seeds(seeds) if seeds is not None else None, splits, baseline)
     from nmtkit.sweep.runner import run_sweep
 
     run_sweep(plan, _console(), only=only, dry_run=dry_run, debug=_state["debug"])

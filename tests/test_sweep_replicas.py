@@ -144,6 +144,55 @@ def test_plot_draws_the_spread(replicated, tmp_path):
     assert out.stat().st_size > 10_000
 
 
+def test_another_baseline_tests_every_other_variant_against_it(replicated):
+    """--baseline (or the file's baseline:) picks the variant the p-values test against; the
+    runs are not repeated, only the tables are rebuilt."""
+    from nmtkit.scoring.significance import paired_runs_test, sign_test
+
+    _, sweep, sweep_dir, _ = replicated
+    before = results_of(sweep_dir)
+    try:
+        again = sweep_cli(sweep, "--baseline", "fast")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.count("finished earlier with these settings") == len(RUNS)
+        results = results_of(sweep_dir)
+        groups = {row["name"]: row for row in results["groups"]}
+        assert results["baseline"] == "fast" and "p_value" not in groups["fast"]
+        runs, deltas = [], []
+        for name in RUNS:
+            if name.startswith("fast,"):
+                base, other = sweep_dir / "variants" / name, sweep_dir / "variants" / f"base{name[4:]}"
+                runs.append((lines(other / "results" / "test.hyp"), lines(base / "results" / "test.hyp"),
+                             lines(base / "prepared" / "test.tgt"), name[-1]))
+                deltas.append(before_bleu(before, f"base{name[4:]}") - before_bleu(before, name))
+        assert groups["base"]["p_value"] == pytest.approx(paired_runs_test(runs).p_value, abs=1e-4)
+        wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+        assert (groups["base"]["wins"], groups["base"]["losses"]) == (wins, losses)
+        assert groups["base"]["sign_p"] == pytest.approx(sign_test(wins, losses), abs=1e-4)
+        runs_by_name = {row["name"]: row for row in results["variants"]}
+        assert "p_value" not in runs_by_name["fast,seed=1,split=0"] and "p_value" in runs_by_name["base,seed=1,split=0"]
+        assert "against `fast`, the baseline" in (sweep_dir / "results.md").read_text()
+    finally:
+        assert sweep_cli(sweep).returncode == 0  # the tables as the other tests read them
+    assert results_of(sweep_dir)["groups"] == before["groups"]
+
+
+def before_bleu(results: dict, name: str) -> float:
+    return next(row["test_bleu"] for row in results["variants"] if row["name"] == name)
+
+
+def test_a_baseline_that_is_no_variant_is_one_line(tmp_path):
+    write_task(tmp_path)
+    bad = sweep_cli(write_sweep(tmp_path, "plain", variants=VARIANTS), "--dry-run", "--baseline", "nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "--baseline: 'nope' is not a variant of this sweep (variants: base, fast)" in bad.stderr
+    named = write_sweep(tmp_path, "named", variants=VARIANTS, baseline="fast,seed=1")
+    bad = sweep_cli(named, "--dry-run")
+    assert bad.returncode == 2 and "baseline: 'fast,seed=1' is not a variant" in bad.stderr
+    good = write_sweep(tmp_path, "good", variants=VARIANTS, baseline="fast")
+    assert sweep_cli(good, "--dry-run").returncode == 0
+
+
 def test_dry_run_and_command_line_seeds_and_splits(tmp_path):
     write_task(tmp_path)
     sweep = write_sweep(tmp_path, "plain", variants=VARIANTS)

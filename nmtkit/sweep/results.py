@@ -1,5 +1,6 @@
 """A sweep's results: one row per variant from its work directory, with a paired-bootstrap
-p-value of its test BLEU against the baseline (the first variant), as results.json and results.md.
+p-value of its test BLEU against the baseline (the first variant, or the one ``baseline:`` or
+``--baseline`` names), as results.json and results.md.
 A replicated sweep (seeds, splits) has one row per run, each tested against the baseline's run
 of the same seed and split, and above them one row per variant with the spread (spread.py).
 
@@ -40,7 +41,7 @@ def write_results(sweep: Sweep, counts: dict[str, dict]) -> dict:
 
     rows = [variant_row(sweep, variant, counts[variant.name]) for variant in sweep.variants]
     _add_p_values(sweep, rows)
-    baseline = sweep.groups[0].name if sweep.replicated else sweep.baseline.name
+    baseline = sweep.baseline.group_name
     results = {"sweep": sweep.name, "sweep_file": str(sweep.path), "recipe": str(sweep.recipe),
                "overrides": list(sweep.shared_overrides), "baseline": baseline,
                "significance": {"test": "paired bootstrap", "metric": "test BLEU", "against": baseline,
@@ -162,7 +163,7 @@ def results_markdown(results: dict) -> str:
     done = [row for row in results["variants"] if row["status"] == "done" and row.get("dev_bleu") is not None]
     significance = results["significance"]
     lines += ["", f"- p: {significance['test']} ({significance['resamples']} resamples, seed {significance['seed']}) "
-                  f"of each variant's test BLEU against `{results['baseline']}`, the first variant"
+                  f"of each variant's test BLEU against `{results['baseline']}`, the baseline"
                   + (" (its run of the same seed and split)." if results.get("groups") else "."),
               "- train tok/s: median of the logged windows (target tokens); decode sent/s: the test set with the "
               "recipe's beam; peak RSS: the largest single process (`nmtkit run` or one of its workers) over the "

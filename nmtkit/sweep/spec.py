@@ -4,7 +4,7 @@
     workdir: data/sweeps/mine           # default: data/sweeps/<file stem>
     overrides: {train.max_steps: 600}   # applied to every variant, before its own
     variants:
-      - name: baseline                  # the first variant is the baseline of the p-values
+      - name: baseline                  # the first variant is the baseline of the p-values ...
       - name: prenorm
         overrides: {model.pre_norm: true}
       - name: lstm                      # a variant may start from another recipe
@@ -16,6 +16,7 @@
     grid: {model.dropout: [0.0, 0.2]}   # shorthand for one more grid entry without a name
     seeds: [1, 2, 3]                    # every variant once per training seed (train.seed) ...
     splits: 2                           # ... and per data split (data.split_seed 0 .. splits-1)
+    baseline: lstm                      # ... unless one is named here (or by --baseline)
 
 Overrides are a mapping of dotted keys or a list of ``key=value`` strings. Each variant's
 config is the one ``nmtkit run RECIPE key=value ...`` would build, so every variant is
@@ -44,7 +45,7 @@ from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
 from nmtkit.storage.files import read_regular
 
-SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid", "seeds", "splits")
+SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid", "seeds", "splits", "baseline")
 MAX_SPLITS = 100
 VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
 RESERVED_OVERRIDES = ("name", "workdir")  # the sweep places every variant itself
@@ -130,6 +131,7 @@ class Sweep:
     groups: tuple[Variant, ...] = ()  # replicated: the variants as the file names them (their seed/split 0 configs)
     seeds: tuple[int, ...] = ()
     splits: int = 0  # 0: not replicated
+    baseline_name: str = ""  # the variant the p-values test against ("": the first)
 
     @property
     def replicated(self) -> bool:
@@ -137,7 +139,14 @@ class Sweep:
 
     @property
     def baseline(self) -> Variant:
-        return self.variants[0]
+        """The baseline's first run (its only one unless replicated)."""
+        name = self.baseline_name or self.variants[0].group_name
+        return next(v for v in self.variants if v.group_name == name)
+
+    @property
+    def baseline_group(self) -> Variant:
+        """Replicated sweeps: the baseline as the file names it (one of ``groups``)."""
+        return next(g for g in self.groups if g.name == self.baseline.group_name)
 
     def runs_of(self, group: str) -> list[Variant]:
         return [v for v in self.variants if v.group_name == group]
@@ -162,9 +171,10 @@ def variant_dir(workdir: Path, name: str) -> Path:
     return workdir / "variants" / name
 
 
-def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | None = None) -> Sweep:
+def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | None = None,
+               baseline: str | None = None) -> Sweep:
     """Read and check a sweep file and build every variant's config; raises ConfigError.
-    ``seeds`` / ``splits`` (from the command line) replace the file's."""
+    ``seeds`` / ``splits`` / ``baseline`` (from the command line) replace the file's."""
     path = Path(path)
     raw = _read_yaml(path)
     unknown = sorted(set(raw) - set(SWEEP_KEYS))
@@ -194,10 +204,22 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
     variants = tuple(variants)
     seeds = _seeds(seeds, "--seeds") if seeds is not None else _seeds(raw.get("seeds"), f"{path}: seeds")
     splits = _splits(splits, "--splits") if splits is not None else _splits(raw.get("splits"), f"{path}: splits")
+    baseline = _baseline(baseline if baseline is not None else raw.get("baseline"), variants,
+                         "--baseline" if baseline is not None else f"{path}: baseline")
     if not seeds and not splits:
-        return Sweep(path.stem, path, recipe, workdir, shared, variants)
+        return Sweep(path.stem, path, recipe, workdir, shared, variants, baseline_name=baseline)
     runs = _replicas(path, workdir, shared, variants, seeds, splits or 1)
-    return Sweep(path.stem, path, recipe, workdir, shared, runs, variants, tuple(seeds), splits or 1)
+    return Sweep(path.stem, path, recipe, workdir, shared, runs, variants, tuple(seeds), splits or 1, baseline)
+
+
+def _baseline(value: Any, variants: tuple[Variant, ...], where: str) -> str:
+    """The name of the variant the p-values test against ("" when not given: the first)."""
+    if value is None or value == "":
+        return ""
+    names = [v.name for v in variants]
+    if not isinstance(value, str) or value not in names:
+        raise ConfigError(f"{where}: {value!r} is not a variant of this sweep (variants: {', '.join(names)})")
+    return value
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -35,7 +35,8 @@ def spread(values: list[float]) -> Optional[dict]:
 
 def group_rows(sweep: Sweep, rows: list[dict], resamples: int) -> list[dict]:
     """One row per variant of the sweep file from its runs' rows (``rows``, in ``sweep.variants``
-    order), with the spread of every figure and the tests against the first variant."""
+    order), with the spread of every figure and the tests against the baseline (the first
+    variant unless the sweep names another)."""
     by_name = {row["name"]: row for row in rows}
     groups = []
     for group in sweep.groups:
@@ -47,8 +48,10 @@ def group_rows(sweep: Sweep, rows: list[dict], resamples: int) -> list[dict]:
         for key in SPREAD_KEYS:
             out[key] = spread([row[key] for row in done if isinstance(row.get(key), (int, float))])
         groups.append(out)
-    for group, row in zip(sweep.groups[1:], groups[1:]):
-        row.update(_against_baseline(sweep, sweep.groups[0], group, by_name, resamples))
+    baseline = sweep.baseline_group
+    for group, row in zip(sweep.groups, groups):
+        if group.name != baseline.name:
+            row.update(_against_baseline(sweep, baseline, group, by_name, resamples))
     return groups
 
 
