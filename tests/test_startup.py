@@ -117,6 +117,17 @@ def test_the_console_made_before_rich_prints_as_before():
     assert normal.is_terminal is False and normal.width == 60
 
 
+def test_a_console_set_quiet_prints_nothing_as_other_ranks_need():
+    from nmtkit.runtime.console import NmtConsole
+
+    out = io.StringIO()
+    console = NmtConsole(0, file=out)
+    console.quiet = True  # how training silences every rank but the first
+    console.print("stopped by signal")
+    console.info("shown")
+    assert out.getvalue() == "" and console.rich.quiet is True and console.verbosity == 0
+
+
 def test_a_joint_vocabulary_is_loaded_once_and_separate_ones_twice(saved_dir, tmp_path, tiny_spm):
     joint = load_model_dir(saved_dir)
     assert joint.src_vocab is joint.tgt_vocab

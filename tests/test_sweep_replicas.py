@@ -154,7 +154,7 @@ def test_another_baseline_tests_every_other_variant_against_it(replicated):
     try:
         again = sweep_cli(sweep, "--baseline", "fast")
         assert again.returncode == 0, again.stderr
-        assert again.stdout.count("finished earlier with these settings") == len(RUNS)
+        assert (again.stdout + again.stderr).count("finished earlier with these settings") == len(RUNS)
         results = results_of(sweep_dir)
         groups = {row["name"]: row for row in results["groups"]}
         assert results["baseline"] == "fast" and "p_value" not in groups["fast"]

@@ -39,6 +39,14 @@ class NmtConsole:
             raise AttributeError(name)
         return getattr(self.rich, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Our own fields here; any other (``quiet``, which silences other ranks) is the rich
+        console's, as it was when this class was one."""
+        if name in ("verbosity", "_kwargs", "_rich"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.rich, name, value)
+
     def info(self, *objects: Any, **kwargs: Any) -> None:
         if self.verbosity >= 0:
             self.print(*objects, **kwargs)
