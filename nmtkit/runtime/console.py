@@ -40,9 +40,9 @@ class NmtConsole:
         return getattr(self.rich, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Our own fields here; any other (``quiet``, which silences other ranks) is the rich
-        console's, as it was when this class was one."""
-        if name in ("verbosity", "_kwargs", "_rich"):
+        """A rich console's own setting (``quiet``, which silences other ranks) goes to the rich
+        console, as it did when this class was one; anything else stays here."""
+        if name in ("verbosity", "_kwargs", "_rich") or hasattr(type(self), name) or not hasattr(self.rich, name):
             object.__setattr__(self, name, value)
         else:
             setattr(self.rich, name, value)
