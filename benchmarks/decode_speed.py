@@ -55,14 +55,13 @@ class Counting:
 
 
 def torch_translator(cfg: dict, options):
-    import torch
-
     from nmtkit.runtime.compiler import compile_decoder
     from nmtkit.runtime.console import get_console
+    from nmtkit.runtime.device import resolve_device
     from nmtkit.decoding.torch_engine import TorchEngine, load_models
     from nmtkit.decoding.translate import Translator
 
-    engine = TorchEngine.from_loaded(load_models([cfg["model"]], torch.device(cfg["device"])), options)
+    engine = TorchEngine.from_loaded(load_models([cfg["model"]], resolve_device(cfg["device"])), options)
     if cfg.get("compile"):  # as translate --compile does
         engine.model = compile_decoder(engine.model, engine.device, get_console())
     return Translator(engine, options)

@@ -97,9 +97,42 @@ def probe(model, case: str, device) -> dict:
     return out
 
 
+def new_shape_cost(device, tiny: bool) -> dict:
+    """Per backend: milliseconds of SDPA forward + backward (bf16, causal) on a shape it has not
+    seen, and again on the same shape. Translation batches change shape at every step, so a
+    backend that sets up per shape (cuDNN builds a graph) pays its first-call cost all the time."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads, dim = (2, 64) if tiny else (8, 64)
+    shapes = [(24 + i, 37 + 3 * i) for i in range(4)]  # (rows, length), none seen before
+    out = {}
+    for name in ("cudnn", "flash", "efficient"):
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                   "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+        first, again = [], []
+        try:
+            with sdpa_kernel([backend]):
+                for rows, length in shapes:
+                    q, k, v = (torch.randn(rows + len(name), heads, length, dim, device=device, dtype=torch.bfloat16,
+                                           requires_grad=True) for _ in range(3))  # rows differ per backend too
+                    for times in (first, again):
+                        synchronize(device)
+                        start = time.perf_counter()
+                        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+                        synchronize(device)
+                        times.append(1000 * (time.perf_counter() - start))
+        except RuntimeError as err:
+            out[name] = {"error": str(err).strip().splitlines()[0][:200]}
+            continue
+        out[name] = {"first_call_ms": round(statistics.median(first), 2),
+                     "seen_shape_ms": round(statistics.median(again), 2)}
+    return out
+
+
 def kernels(settings: dict) -> dict:
     device = torch.device(settings["device"])
     tiny = settings["tiny"]
+    shape_cost = new_shape_cost(device, tiny)
     d, heads = (128, 2) if tiny else (512, 8)  # head size 64, as transformer-base
     records = []
     for name, variant in VARIANTS.items():
@@ -115,7 +148,8 @@ def kernels(settings: dict) -> dict:
                 record["math_over_fused"] = round(record["math_ms"] / fused, 2)
             records.append(record)
     paper = [r for r in records if r["variant"] == "paper"]
-    return {"records": records,
+    return {"records": records, "new_shape_cost": shape_cost,
+            "cudnn_attention_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
             "paper_on_fused_kernels": all(r["fused"] for r in paper),
             "paper_unpadded_training_on_flash": next(r["flash_ms"] is not None for r in paper
                                                      if r["case"] == "train-unpadded"),

@@ -21,7 +21,20 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ConfigError(f"device {name!r} requested but CUDA is not available")
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise ConfigError(f"device {name!r} requested but there are only {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "cuda":
+        shape_free_attention()
     return device
+
+
+@functools.lru_cache(maxsize=1)
+def shape_free_attention() -> None:
+    """Keep SDPA off cuDNN's attention kernels. cuDNN builds a graph for every new batch shape
+    (hundreds of milliseconds each), and translation batches change shape all the time: with
+    it on, the first GPU check measured bf16 training of transformer-base on an H100 at 37.6k
+    target tokens/s against 308k once the shapes had been seen, and beam search in bf16 10x
+    slower than in float32. Flash and memory-efficient kernels need no per-shape set-up."""
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 @functools.lru_cache(maxsize=1)
