@@ -183,7 +183,11 @@ def quickstart_part(settings: dict) -> dict:
         raise RuntimeError(f"nmtkit run {recipe} exited with {process.exitcode}")
     results = json.loads((scratch / "results" / "results.json").read_text(encoding="utf-8"))
     test = results["splits"]["test"]
+    logged = [json.loads(line) for line in (scratch / "train" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    last = next((entry for entry in reversed(logged) if entry.get("type") == "train"), {})
     return {"wall_s": round(wall, 1), "test_bleu": test["bleu"]["score"], "test_translate_s": test["translate_seconds"],
+            "train_minutes": results.get("train_minutes"), "train_tgt_tok_s": last.get("tgt_tok_s"),
+            "dev_translate_s": results["splits"]["dev"]["translate_seconds"],
             "dev_bleu": results["splits"]["dev"]["bleu"]["score"], "model_dir": results["model_dir"],
             "steps": yaml.safe_load(recipe.read_text(encoding="utf-8"))["train"]["max_steps"],
             "note": "prepare not timed (data carried); compare train + translate with the CPU figure"}

@@ -255,3 +255,47 @@ def train_speed_part(settings: dict) -> dict:
         common.save_partial(settings["partial"], {"records": records})  # if cut short
     return {"bf16_matmul_peak_gflops": peak["gflops"], "records": records,
             "targets": {"base_bf16_mfu_pct": 40, "big_bf16_mfu_pct": 45}}
+
+
+def profile_part(settings: dict) -> dict:
+    """Where a transformer-base bf16 update at the recipe's micro-batch spends its time: the
+    share of the wall time the device is busy (the rest is the host launching and waiting), the
+    kernels launched per update, and the operations that take the most device and host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device, tiny = torch.device(settings["device"]), settings["tiny"]
+    cfg, vocab, max_tokens = recipe_model("wmt14-en-de-transformer-base")
+    if tiny:
+        cfg, vocab, max_tokens = tiny_model_of(cfg), 64, 300
+    src_lens, tgt_lens = wmt_lengths(20_000, seed=2)
+    batches = synthetic_batches(src_lens, tgt_lens, max_tokens, vocab, 8, device, 2)
+    torch.manual_seed(0)
+    updates = Updates(build_model(cfg, vocab, vocab), device, "bf16", lr=1e-4)
+    for batch in batches:  # warm-up over every shape profiled
+        updates.step(batch)
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for batch in batches:
+            updates.step(batch)
+        synchronize(device)
+        wall_us = 1e6 * (time.perf_counter() - start)
+    events = prof.key_averages()
+
+    def device_us(event) -> float:
+        return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))
+
+    kernels = [e for e in events if device_us(e) > 0 and e.device_type.name == "CUDA"]
+    busy_us = sum(device_us(e) for e in kernels)
+
+    def top(key, count: int = 15) -> list:
+        chosen = sorted(events, key=key, reverse=True)[:count]
+        return [{"name": e.key[:90], "calls_per_update": round(e.count / len(batches), 1),
+                 "ms_per_update": round(key(e) / 1000 / len(batches), 3)} for e in chosen if key(e) > 0]
+
+    return {"model": "base" if not tiny else "tiny", "dtype": "bf16", "max_tokens": max_tokens,
+            "updates": len(batches), "wall_ms_per_update": round(wall_us / 1000 / len(batches), 2),
+            "device_busy_pct": round(100 * busy_us / wall_us, 1) if kernels else None,
+            "kernels_per_update": round(sum(e.count for e in kernels) / len(batches)),
+            "top_device": top(device_us), "top_host": top(lambda e: float(e.self_cpu_time_total))}

@@ -54,7 +54,7 @@ def test_every_part_runs_and_the_correctness_parts_pass_on_cpu(check):
     assert list(parts) == list(gpu_check.LIMITS)
     status = {name: record["status"] for name, record in parts.items()}
     assert status == {"device": "measured", "invariants": "passed", "training": "passed", "resume": "passed",
-                      "kernels": "skipped", "train_speed": "measured", "quickstart": "measured",
+                      "kernels": "skipped", "profile": "measured", "train_speed": "measured", "quickstart": "measured",
                       "decode": "measured", "torchrun": "skipped"}, {n: parts[n].get("cause") for n in parts}
     for name in ("kernels", "torchrun"):
         assert parts[name]["reason"].startswith("needs CUDA") and "result" not in parts[name]
@@ -99,6 +99,18 @@ def test_speed_figures_are_numbers_and_skips_say_why(check):
     assert {"config": "quickstart ctranslate2", "status": "skipped: ctranslate2 does not import"} in decode
     quickstart = parts["quickstart"]["result"]
     assert quickstart["wall_s"] > 0 and 0 <= quickstart["test_bleu"] <= 100 and quickstart["steps"] == 4
+    assert 0 <= quickstart["train_minutes"] * 60 < quickstart["wall_s"] and quickstart["train_tgt_tok_s"] > 0
+
+
+def test_the_profile_names_where_an_update_spends_its_time(check):
+    profile = check[0]["parts"]["profile"]["result"]
+    assert profile["updates"] == 8 and profile["wall_ms_per_update"] > 0
+    assert profile["device_busy_pct"] is None and profile["kernels_per_update"] == 0  # no CUDA kernels on a CPU
+    names = [row["name"] for row in profile["top_host"]]
+    assert len(names) == 15 and len(set(names)) == 15
+    assert any(name in ("aten::mm", "aten::addmm", "aten::bmm") for name in names)  # matmuls are among the costs
+    costs = [row["ms_per_update"] for row in profile["top_host"]]
+    assert costs == sorted(costs, reverse=True) and costs[-1] > 0
 
 
 def test_the_markdown_has_a_row_per_part(check):
