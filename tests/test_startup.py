@@ -43,7 +43,7 @@ def test_loaded_model_equals_the_saved_one(tmp_path, tiny_spm, name):
     torch.manual_seed(3)
     saved = build_model(cfg, size, size).eval()
     directory = save_model_dir(saved, cfg, tmp_path / "model", tiny_spm, tiny_spm)
-    torch.manual_seed(3)  # the same draws: a loader that kept its random init would not differ by chance
+    torch.manual_seed(4)  # other draws: a loader that kept its random init would differ from the saved weights
     loaded = load_model_dir(directory).model
     want, got = tensors(saved), tensors(loaded)
     assert sorted(got) == sorted(want)
@@ -57,20 +57,19 @@ def test_loaded_model_equals_the_saved_one(tmp_path, tiny_spm, name):
         assert torch.equal(loaded(src, src != 0, tgt), saved(src, src != 0, tgt))
 
 
-def test_building_to_load_draws_no_random_numbers():
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_building_to_load_draws_no_random_numbers(name):
     """Without the random initialisation the global generator is untouched (so the build did
-    no fills); with it, the same build draws as before."""
+    no fills), whatever the architecture; with it, the build draws."""
+    cfg = VARIANTS[name]
     torch.manual_seed(0)
     expected = torch.rand(4)
     torch.manual_seed(0)
-    build_model(TINY, 40, 40, random_init=False)
+    build_model(cfg, 40, 40, random_init=False)
     assert torch.equal(torch.rand(4), expected)
     torch.manual_seed(0)
-    first = build_model(TINY, 40, 40).state_dict()
-    torch.manual_seed(0)
-    second = build_model(TINY, 40, 40).state_dict()
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    assert first["src_embed.weight"].abs().sum() > 0
+    build_model(cfg, 40, 40)
+    assert not torch.equal(torch.rand(4), expected)
 
 
 @pytest.fixture

@@ -123,8 +123,9 @@ class Positions(nn.Module):
             self.register_buffer("table", sinusoidal_positions(max_positions, dim, layout),
                                  persistent=False)
         elif kind == "learned":  # one table per side, at the sinusoid's scale (variance 1/2)
-            self.src_embed = nn.Parameter(torch.randn(max_positions, dim) * 0.5 ** 0.5)
-            self.tgt_embed = nn.Parameter(torch.randn(max_positions, dim) * 0.5 ** 0.5)
+            # nn.init, not torch.randn: build_model(random_init=False) skips nn.init's fills
+            self.src_embed = nn.Parameter(nn.init.normal_(torch.empty(max_positions, dim), std=0.5 ** 0.5))
+            self.tgt_embed = nn.Parameter(nn.init.normal_(torch.empty(max_positions, dim), std=0.5 ** 0.5))
         elif kind == "alibi":
             self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
             left, right = alibi_encoder_slopes(heads)

@@ -149,7 +149,7 @@ def import_marian(source: str, out_dir: str | Path) -> Path:
         raise DataError(f"{directory / 'config.json'}: decoder_start_token_id {orders['tgt'][2]} is not the "
                         f"<pad> id {tgt_vocab['<pad>']}: not the MarianMT layout nmtkit imports")
     weights = to_nmtkit(read_marian_weights(directory), cfg, config, orders, str(directory))
-    model = build_model(cfg, len(orders["src"]), len(orders["tgt"]))
+    model = build_model(cfg, len(orders["src"]), len(orders["tgt"]), random_init=False)  # every weight loaded next
     load_weights(model, {name: weights[name] for name in unique_state(model)}, directory)
     files = {name: sha256_file(directory / name) for name in HUB_FILES if (directory / name).is_file()}
     meta = {"imported_from": {"format": "marian", **origin, "files": files},
