@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 import common
+from nmtkit.runlog import read_metrics
 
 TINY_MODEL = {"arch": "transformer", "d_model": 32, "ffn_dim": 64, "heads": 2, "encoder_layers": 1,
               "decoder_layers": 1, "dropout": 0.0, "positions": "sinusoidal", "pre_norm": False}
@@ -183,8 +184,7 @@ def quickstart_part(settings: dict) -> dict:
         raise RuntimeError(f"nmtkit run {recipe} exited with {process.exitcode}")
     results = json.loads((scratch / "results" / "results.json").read_text(encoding="utf-8"))
     test = results["splits"]["test"]
-    logged = [json.loads(line) for line in (scratch / "train" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    last = next((entry for entry in reversed(logged) if entry.get("type") == "train"), {})
+    last = next((entry for entry in reversed(read_metrics(scratch / "train")) if entry.get("type") == "train"), {})
     return {"wall_s": round(wall, 1), "test_bleu": test["bleu"]["score"], "test_translate_s": test["translate_seconds"],
             "train_minutes": results.get("train_minutes"), "train_tgt_tok_s": last.get("tgt_tok_s"),
             "dev_translate_s": results["splits"]["dev"]["translate_seconds"],

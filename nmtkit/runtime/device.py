@@ -28,11 +28,11 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 @functools.lru_cache(maxsize=1)
 def shape_free_attention() -> None:
-    """Keep SDPA off cuDNN's attention kernels. cuDNN builds a graph for every new batch shape
-    (hundreds of milliseconds each), and translation batches change shape all the time: with
-    it on, the first GPU check measured bf16 training of transformer-base on an H100 at 37.6k
-    target tokens/s against 308k once the shapes had been seen, and beam search in bf16 10x
-    slower than in float32. Flash and memory-efficient kernels need no per-shape set-up."""
+    """Keep SDPA off cuDNN's attention kernels. cuDNN sets up every new batch shape once (a bf16
+    attention call on an unseen shape took 115 ms on an H100, against 0.4 ms for flash), and
+    translation batches change shape all the time: with it on, bf16 training of transformer-base
+    ran at 37.6k target tokens/s against 254k with it off, and bf16 beam search 6.7x slower
+    (benchmarks/RESULTS.md, GPU). Flash and memory-efficient kernels need no per-shape set-up."""
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
 
