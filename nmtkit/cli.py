@@ -267,7 +267,8 @@ def sweep(
                                                 "`baseline:`, else the first variant)."),
 ) -> None:
     """Run every variant of a recipe (each as `nmtkit run`) and tabulate them with significance tests."""
-    from nmtkit.sweep.spec import load_sweep, parse_seeds
+    from nmtkit.sweep.replication import parse_seeds
+    from nmtkit.sweep.spec import load_sweep
 
     plan = load_sweep(sweep_file, parse_seeds(seeds) if seeds is not None else None, splits, baseline)
     from nmtkit.sweep.runner import run_sweep

@@ -44,9 +44,9 @@ from nmtkit.config import Config, load_config
 from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
 from nmtkit.storage.files import read_regular
+from nmtkit.sweep.replication import check_seeds, check_splits
 
 SWEEP_KEYS = ("recipe", "workdir", "overrides", "variants", "grid", "seeds", "splits", "baseline")
-MAX_SPLITS = 100
 VARIANT_KEYS = ("name", "recipe", "overrides", "grid")
 RESERVED_OVERRIDES = ("name", "workdir")  # the sweep places every variant itself
 MAX_VARIANTS = 10_000  # each variant is a training run: far past any sweep that finishes
@@ -202,8 +202,8 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
         variants.append(Variant(name, variant_recipe, tuple(items),
                                 _variant_config(path, variant_recipe, workdir, name, shared, items)))
     variants = tuple(variants)
-    seeds = _seeds(seeds, "--seeds") if seeds is not None else _seeds(raw.get("seeds"), f"{path}: seeds")
-    splits = _splits(splits, "--splits") if splits is not None else _splits(raw.get("splits"), f"{path}: splits")
+    seeds = check_seeds(seeds, "--seeds") if seeds is not None else check_seeds(raw.get("seeds"), f"{path}: seeds")
+    splits = check_splits(splits, "--splits") if splits is not None else check_splits(raw.get("splits"), f"{path}: splits")
     baseline = _baseline(baseline if baseline is not None else raw.get("baseline"), variants,
                          "--baseline" if baseline is not None else f"{path}: baseline")
     if not seeds and not splits:
@@ -219,33 +219,6 @@ def _baseline(value: Any, variants: tuple[Variant, ...], where: str) -> str:
     names = [v.name for v in variants]
     if not isinstance(value, str) or value not in names:
         raise ConfigError(f"{where}: {value!r} is not a variant of this sweep (variants: {', '.join(names)})")
-    return value
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``--seeds 1,2,3`` -> [1, 2, 3]."""
-    try:
-        return [int(item) for item in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--seeds {text}: expected training seeds separated by commas, e.g. 1,2,3") from None
-
-
-def _seeds(value: Any, where: str) -> list[int]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not value or \
-            not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in value):
-        raise ConfigError(f"{where}: expected a non-empty list of training seeds (integers 0 .. 2^31-1), got {value!r}")
-    if len(set(value)) != len(value):
-        raise ConfigError(f"{where}: a seed is listed twice in {value!r}")
-    return list(value)
-
-
-def _splits(value: Any, where: str) -> int:
-    if value is None:
-        return 0
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SPLITS:
-        raise ConfigError(f"{where}: expected a number of data splits from 1 to {MAX_SPLITS}, got {value!r}")
     return value
 
 
