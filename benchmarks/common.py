@@ -119,6 +119,14 @@ def _matmul_gflops(dtype, threads: int, size: int, seconds: float) -> float:
     return best
 
 
+def synchronize(device) -> None:
+    """Wait for a CUDA device's queued kernels (they run after the call returns); a no-op on CPU."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def cuda_matmul_peak(dtype_name: str, size: int = 8192, repeats: int = 10) -> dict:
     """The best GFLOP/s of ``repeats`` back-to-back square ``size`` matmuls on the current CUDA
     device, timed with CUDA events (the denominator of GPU MFU, measured in the same run)."""

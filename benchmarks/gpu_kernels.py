@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from gpu_training import synchronize
+import common
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import greedy_search
@@ -73,10 +73,10 @@ def timed(function, device, repeats: int = 3) -> float:
     function()
     times = []
     for _ in range(repeats):
-        synchronize(device)
+        common.synchronize(device)
         start = time.perf_counter()
         function()
-        synchronize(device)
+        common.synchronize(device)
         times.append(1000 * (time.perf_counter() - start))
     return round(statistics.median(times), 2)
 
@@ -116,10 +116,10 @@ def new_shape_cost(device, tiny: bool) -> dict:
                     q, k, v = (torch.randn(rows + len(name), heads, length, dim, device=device, dtype=torch.bfloat16,
                                            requires_grad=True) for _ in range(3))  # rows differ per backend too
                     for times in (first, again):
-                        synchronize(device)
+                        common.synchronize(device)
                         start = time.perf_counter()
                         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-                        synchronize(device)
+                        common.synchronize(device)
                         times.append(1000 * (time.perf_counter() - start))
         except RuntimeError as err:
             out[name] = {"error": str(err).strip().splitlines()[0][:200]}

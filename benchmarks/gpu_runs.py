@@ -262,9 +262,7 @@ def forced_base_decoding(settings: dict, records: list) -> None:
     from nmtkit.models.build import build_model
 
     device, tiny = torch.device(settings["device"]), settings["tiny"]
-    cfg, vocab, _ = gpu_training.recipe_model("wmt14-en-de-transformer-base")
-    if tiny:
-        cfg, vocab = gpu_training.tiny_model_of(cfg), 64
+    cfg, vocab, _ = gpu_training.wmt_model("base", tiny)
     n, forced = (12, 5) if tiny else (500, 28)
     src_lens, _ = gpu_training.wmt_lengths(n, seed=3, limit=200)
     g = torch.Generator().manual_seed(3)
@@ -279,7 +277,7 @@ def forced_base_decoding(settings: dict, records: list) -> None:
                 add_record(settings, records, {"config": name, "status": "not reached: the part's time limit"})
                 continue
             forced_search(model, rows[:8], device, beam, forced)  # warm-up: kernels chosen, caches grown
-            gpu_training.synchronize(device)
+            common.synchronize(device)
             start = time.perf_counter()
             tokens = forced_search(model, rows, device, beam, forced)
             seconds = time.perf_counter() - start

@@ -162,6 +162,13 @@ def tiny_model_of(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, preset="", d_model=32, ffn_dim=64, heads=2, encoder_layers=1, decoder_layers=1)
 
 
+def wmt_model(size: str, tiny: bool) -> tuple[ModelConfig, int, int]:
+    """transformer-``size`` (base / big) of the WMT recipes: model, vocabulary, micro-batch; with
+    ``tiny``, the same model shrunk for a CPU (64 pieces, 300-token batches)."""
+    cfg, vocab, max_tokens = recipe_model(f"wmt14-en-de-transformer-{size}")
+    return (tiny_model_of(cfg), 64, 300) if tiny else (cfg, vocab, max_tokens)
+
+
 def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, steps: int, warmup: int,
             chunked: bool = True, compiled: bool = False) -> dict:
     """Throughput of ``steps`` timed updates after ``warmup`` (all together): target tokens/s
@@ -173,18 +180,18 @@ def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, s
     start_compile = time.perf_counter()
     for i in range(warmup):
         updates.step(batches[i % len(batches)])
-    synchronize(device)
+    common.synchronize(device)
     warmup_s = time.perf_counter() - start_compile
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     chosen = [batches[i % len(batches)] for i in range(steps)]
     tokens = sum(batch.ntokens for batch in chosen)
     src_tokens = sum(int(batch.src_mask.sum()) for batch in chosen)  # counted before the clock: no sync in it
-    synchronize(device)
+    common.synchronize(device)
     start = time.perf_counter()
     for batch in chosen:
         updates.step(batch)
-    synchronize(device)
+    common.synchronize(device)
     seconds = time.perf_counter() - start
     sentences = sum(batch.src.size(0) for batch in chosen)
     flops = common.transformer_flops(vars(cfg), vocab, src_tokens / sentences, tokens / sentences)
@@ -195,11 +202,6 @@ def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, s
         record["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
     del updates, batches
     return record
-
-
-def synchronize(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def largest_batch(cfg, vocab, device, dtype, start_tokens: int, most: int, deadline: float) -> dict:
@@ -238,9 +240,7 @@ def train_speed_part(settings: dict) -> dict:
         if time.time() > deadline - margin:
             records.append({"run": name, "status": "not reached: the part's time limit"})
             continue
-        cfg, vocab, max_tokens = recipe_model(f"wmt14-en-de-transformer-{size}")
-        if tiny:
-            cfg, vocab, max_tokens = tiny_model_of(cfg), 64, 300
+        cfg, vocab, max_tokens = wmt_model(size, tiny)
         try:
             if options.get("largest"):
                 result = largest_batch(cfg, vocab, device, dtype, max_tokens, 4 if tiny else 16, deadline - margin)
@@ -265,22 +265,20 @@ def profile_part(settings: dict) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     device, tiny = torch.device(settings["device"]), settings["tiny"]
-    cfg, vocab, max_tokens = recipe_model("wmt14-en-de-transformer-base")
-    if tiny:
-        cfg, vocab, max_tokens = tiny_model_of(cfg), 64, 300
+    cfg, vocab, max_tokens = wmt_model("base", tiny)
     src_lens, tgt_lens = wmt_lengths(20_000, seed=2)
     batches = synthetic_batches(src_lens, tgt_lens, max_tokens, vocab, 8, device, 2)
     torch.manual_seed(0)
     updates = Updates(build_model(cfg, vocab, vocab), device, "bf16", lr=1e-4)
     for batch in batches:  # warm-up over every shape profiled
         updates.step(batch)
-    synchronize(device)
+    common.synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         start = time.perf_counter()
         for batch in batches:
             updates.step(batch)
-        synchronize(device)
+        common.synchronize(device)
         wall_us = 1e6 * (time.perf_counter() - start)
     events = prof.key_averages()
 
