@@ -19,8 +19,8 @@ meets a new shape almost every step (the key length grows, the row count falls a
 finish) and training a few dozen per batch shape, each entry holding ~0.3-1 MiB of heap: with
 PyTorch's defaults bf16 decoding grew from 517 to 1,065 MiB over 5 batches of 40 verses, and a
 40-step bf16 training peaked at 1,438 MiB, against 341 MiB (flat) and 988 MiB with 32 entries
-in each cache (docs/performance.md, "Memory in bf16"). Most kernels a training step needs are new anyway (its batch shape is) and a step's
-repeats fit in 32 entries: 40 steps compiled 1,258 kernels with 32 entries, 1,253 with 64 and
+in each cache (docs/performance.md, "Memory in bf16"). Most kernels a training step needs are
+new anyway (its batch shape is) and a step's repeats fit in 32 entries: 40 steps compiled 1,258 kernels with 32 entries, 1,253 with 64 and
 1,312 with 16. Both libraries read their capacity from the environment once, when they first
 build a kernel, so the CLI sets them before importing torch (its child processes inherit them);
 a value the user set is kept (``LRU_CACHE_CAPACITY=0`` crashes PyTorch: the least is 1).
