@@ -160,12 +160,14 @@ def stop_on_signals() -> None:
         signal.signal(number, stop)
 
 
-def run_parts(settings: dict, chosen: list[str], budget: float, written=lambda results: None) -> dict:
+def run_parts(settings: dict, chosen: list[str], budget: float, written=lambda results: None,
+              limits: dict | None = None) -> dict:
     """Each chosen part in turn; ``written(results)`` before each (the part recorded as running)
     and after it, so a check stopped from outside, even by SIGKILL, leaves on disk the parts it
     finished and the one it was in. Stopped (a signal) ends the running part, records it as
     ``stopped`` with what it had saved, and is raised again once that is written."""
-    functions, limits = parts(), TINY_LIMITS if settings["tiny"] else LIMITS
+    functions = parts()
+    limits = {**(TINY_LIMITS if settings["tiny"] else LIMITS), **(limits or {})}
     results, start = {}, time.perf_counter()
     for index, name in enumerate(chosen):
         left = budget - (time.perf_counter() - start)
@@ -263,11 +265,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--data", help="a work directory made by `nmtkit prepare` (default: a toy task made here)")
     parser.add_argument("--parts", default=",".join(LIMITS), help="comma-separated parts (default: all)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="total time for the parts (default 480)")
+    parser.add_argument("--train-runs", help="train_speed's runs by name, in order, repeats allowed (default: all)")
+    parser.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS",
+                        help="a part's own time limit instead of its default (repeatable)")
     args = parser.parse_args(argv)
     chosen = [p for p in args.parts.split(",") if p]
     unknown = [p for p in chosen if p not in LIMITS]
     if unknown:
         parser.error(f"unknown part {unknown[0]!r} (parts: {', '.join(LIMITS)})")
+    if args.train_runs:
+        from gpu_training import TRAIN_RUNS
+
+        unknown = [r for r in args.train_runs.split(",") if r and r not in TRAIN_RUNS]
+        if unknown:
+            parser.error(f"unknown train_speed run {unknown[0]!r} (runs: {', '.join(TRAIN_RUNS)})")
+    limits = {}
+    for item in args.limit:
+        name, _, seconds = item.partition("=")
+        if name not in LIMITS or not seconds.replace(".", "", 1).isdigit():
+            parser.error(f"--limit wants PART=SECONDS with a known part, got {item!r}")
+        limits[name] = float(seconds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -296,7 +313,8 @@ def main(argv=None) -> dict:
 
     write({})
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        settings = {"device": args.device, "tiny": args.tiny, "scratch": scratch, "data": args.data}
+        settings = {"device": args.device, "tiny": args.tiny, "scratch": scratch, "data": args.data,
+                    "train_runs": [r for r in (args.train_runs or "").split(",") if r]}
         import gpu_runs
 
         if not args.data:
@@ -304,7 +322,7 @@ def main(argv=None) -> dict:
             settings["data"] = str(made["value"]) if made["status"] == "ok" else None
             if settings["data"] is None:
                 print(f"gpu_check: could not prepare the toy data: {made}", file=sys.stderr)
-        return write(run_parts(settings, chosen, args.budget_s, write))
+        return write(run_parts(settings, chosen, args.budget_s, write, limits))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Parts: ``training`` (float32 on the device follows the CPU, bf16 and fp16 end ne
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 import common
 from nmtkit.config import Config, ModelConfig, load_config
 from nmtkit.data.batching import Batch, make_batches
+from nmtkit.runtime.compiler import compile_dynamic
 from nmtkit.runtime.device import autocast
 from nmtkit.models.build import build_model
 from nmtkit.specials import BOS, EOS, PAD
@@ -76,7 +78,7 @@ class Updates:
         if device.type == "cuda":  # TF32 only when asked for: float32 means float32
             torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
             torch.backends.cudnn.allow_tf32 = dtype_name == "tf32"
-        features = torch.compile(model.features, dynamic=True) if compiled else model.features
+        features = compile_dynamic(model.features) if compiled else model.features
         self.objective = TrainingLoss(model, smoothing, features) if chunked else WholeLogitsLoss(model, smoothing)
         cfg = Config()
         self.optimizer = make_optimizer(model, cfg, device)
@@ -180,6 +182,10 @@ def measure(cfg: ModelConfig, vocab: int, device, dtype: str, max_tokens: int, s
     start_compile = time.perf_counter()
     for i in range(warmup):
         updates.step(batches[i % len(batches)])
+        if compiled:  # a compile's progress in the log: a part cut short still says how far it got
+            common.synchronize(device)
+            print(f"gpu_check: compiled warm-up update {i + 1}/{warmup} at {time.perf_counter() - start_compile:.1f} s",
+                  file=sys.stderr, flush=True)
     common.synchronize(device)
     warmup_s = time.perf_counter() - start_compile
     if device.type == "cuda":
@@ -220,16 +226,21 @@ def largest_batch(cfg, vocab, device, dtype, start_tokens: int, most: int, deadl
     return best or {"max_tokens": None, "note": "no larger batch fitted in time or memory"}
 
 
+# train_speed's runs by name, in their default order: compiled second, as it needs the most time
+# and run 2 on an H100 never reached it in last place
+TRAIN_RUNS = {f"{size}-{dtype}" + "".join(f"-{k}" for k in options): (size, dtype, options) for size, dtype, options in (
+    ("base", "bf16", {}), ("base", "bf16", {"compiled": True}), ("big", "bf16", {}), ("base", "fp16", {}),
+    ("base", "tf32", {}), ("base", "float32", {}), ("base", "bf16", {"unchunked": True}),
+    ("base", "bf16", {"largest": True}), ("big", "bf16", {"largest": True}))}
+
+
 def train_speed_part(settings: dict) -> dict:
     """Transformer-base and -big of the WMT recipes: dtypes, compile, chunked output, batch size."""
     device = torch.device(settings["device"])
     tiny, deadline = settings["tiny"], settings["deadline"]
     steps, warmup = (2, 1) if tiny else (16, 16)  # warm-up and timing each pass over the 16 batches: steady state
     peak = common.cuda_matmul_peak("bf16") if device.type == "cuda" else {"gflops": None}
-    # compiled second: it needs the most time, and run 2 on an H100 never reached it in last place
-    runs = [("base", "bf16", {}), ("base", "bf16", {"compiled": True}), ("big", "bf16", {}), ("base", "fp16", {}),
-            ("base", "tf32", {}), ("base", "float32", {}), ("base", "bf16", {"unchunked": True}),
-            ("base", "bf16", {"largest": True}), ("big", "bf16", {"largest": True})]
+    runs = [TRAIN_RUNS[name] for name in settings.get("train_runs") or TRAIN_RUNS]  # repeats: run-to-run noise
     records, margin = [], 5 if tiny else 20
     for size, dtype, options in runs:
         name = f"{size}-{dtype}" + "".join(f"-{k}" for k in options)

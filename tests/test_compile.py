@@ -117,3 +117,26 @@ def test_translate_compile_without_a_cpp_compiler_warns_once_and_translates_the_
         "translating uncompiled"]
     with pytest.raises(ConfigError, match="--compile applies to the torch engine only"):
         TranslateOptions(compile=True, engine="ctranslate2").validate()
+
+
+def test_compiled_features_trace_once_when_first_source_and_target_lengths_are_equal():
+    """Duck sizing would make equal first lengths one symbol and trace again at the first batch
+    whose lengths differ (62 s on an H200 for transformer-base); every size is its own symbol."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    from nmtkit.config import ModelConfig
+    from nmtkit.models.build import build_model
+    from nmtkit.runtime.compiler import compile_dynamic
+
+    model = build_model(ModelConfig(**MODEL, heads=2, dropout=0.0), 20, 20).eval()
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    features = compile_dynamic(model.features, backend=counter)
+    for batch, src_len, tgt_len in ((3, 5, 5), (3, 5, 7), (4, 6, 9), (2, 8, 4)):
+        src = torch.randint(4, 20, (batch, src_len))
+        tgt = torch.randint(4, 20, (batch, tgt_len))
+        mask = torch.ones(batch, src_len, dtype=torch.bool)
+        torch.testing.assert_close(features(src, mask, tgt), model.features(src, mask, tgt))
+    assert counter.frame_count == 1
+    torch._dynamo.reset()

@@ -320,3 +320,20 @@ def test_the_check_itself_never_asks_cuda_so_its_forked_parts_can_use_it(tmp_pat
     record = json.loads(done.stdout.strip().splitlines()[-1])
     assert record["asked"] == []
     assert record["device"] == ("measured" if torch.cuda.is_available() else "error")  # the part asked, forked
+
+
+def test_chosen_training_runs_run_in_order_with_repeats_and_a_part_limit_can_be_set(tmp_path):
+    """--train-runs repeats a run (the noise between runs on one GPU is +-5%); --limit sets one
+    part's time limit; a name it does not know is a one-line error before anything runs."""
+    payload = gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--parts", "train_speed",
+                              "--train-runs", "base-bf16,base-bf16-unchunked,base-bf16", "--limit", "train_speed=45"])
+    part = payload["parts"]["train_speed"]
+    assert part["limit_s"] == 45
+    runs = [record["run"] for record in part["result"]["records"]]
+    assert runs == ["base-bf16", "base-bf16-unchunked", "base-bf16"]
+    assert all(record["tgt_tok_s"] > 0 for record in part["result"]["records"])
+    for bad in (["--train-runs", "base-bf17"], ["--limit", "train_speed=soon"], ["--limit", "nothing=5"]):
+        with pytest.raises(SystemExit) as stopped:
+            gpu_check.main(["--out", str(tmp_path / "bad"), "--device", "cpu", "--tiny", *bad])
+        assert stopped.value.code == 2
+    assert not (tmp_path / "bad").exists()
