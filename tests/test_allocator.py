@@ -119,3 +119,20 @@ def test_bf16_matmuls_of_ever_new_shapes_stay_within_the_kernel_cache_bounds():
         pytest.skip(f"bf16 matmuls do not cache a kernel per shape here (+{unbounded:.0f} MiB unbounded)")
     bounded = growth_mib("bounded")
     assert bounded < 25 and bounded * 4 < unbounded  # measured on Zen 4: +7 MiB bounded, +132 unbounded
+
+
+def test_resident_memory_is_what_the_kernel_reports_and_grows_with_touched_memory():
+    import numpy as np
+
+    from nmtkit.runtime.allocator import resident_mib
+
+    def vm_rss() -> float:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            line = next(line for line in handle if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+
+    before = resident_mib()
+    assert abs(before - vm_rss()) < 2
+    block = np.ones(64 * 2 ** 20, dtype=np.uint8)  # 64 MiB, every page touched
+    assert resident_mib() - before > 60
+    del block

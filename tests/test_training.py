@@ -219,6 +219,9 @@ def test_dev_loss_falls(prepared_task, tmp_path):
     losses = [r["dev_loss"] for r in valid if r["type"] == "valid"]
     assert len(losses) == 3 and losses[-1] < losses[0] - 0.3
     assert all(math.isfinite(x) for x in losses)
+    # each progress record carries the process's resident memory then: torch alone is > 100 MiB
+    resident = [r["rss_mib"] for r in valid if r["type"] == "train"]
+    assert resident and all(100 < mib < 64 * 1024 for mib in resident)
 
 
 def test_patience_stops_training_after_that_many_validations_without_improvement(prepared_task, tmp_path,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Optional
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_MAX = -4
@@ -61,3 +62,15 @@ def bound_kernel_caches() -> list[str]:
             os.environ[names[0]] = str(KERNEL_CACHE_ENTRIES)
             chosen.append(names[0])
     return chosen
+
+
+def resident_mib() -> Optional[float]:
+    """This process's resident memory now, in MiB (None where /proc cannot tell): logged with
+    training's progress, so memory that grows over a run shows where it grows."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            pages = int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20, 1)
+

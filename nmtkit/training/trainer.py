@@ -31,6 +31,7 @@ from nmtkit.models.flops import flop_count
 from nmtkit.runlog import MetricsLog, summary_writer_class
 from nmtkit.runtime.compiler import maybe_compile
 from nmtkit.runtime.device import autocast, resolve_device, resolve_dtype
+from nmtkit.runtime.allocator import resident_mib
 from nmtkit.runtime.threads import configure_threads
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint
@@ -389,6 +390,9 @@ class Trainer:
                   "train_flops": self.state.train_flops}
         if self.loss_scaler.enabled:
             record["loss_scale"] = self.loss_scaler.scale
+        rss = resident_mib()
+        if rss is not None:
+            record["rss_mib"] = rss
         if self.router_window is not None:
             record.update(self.router_window.record())
         self._log(record)
