@@ -119,7 +119,7 @@ def main() -> None:
     torch.set_num_threads(1)
     options = TranslateOptions(beam_size=2, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float32",
                                errors="replace")
-    cli_options = ["-b", "2", "--max-len-a", "0", "--max-len-b", "3", "--device", "cpu"]
+    cli_options = ["-b", "2", "--max-len-a", "0", "--max-len-b", "3", "--device", "cpu", "--dtype", "float32"]
     report: dict = {"lines": args.lines, "seed": args.seed}
     with tempfile.TemporaryDirectory(prefix="nmtkit-fuzz-") as tmp:
         tmp = Path(tmp)

@@ -365,7 +365,7 @@ def attention(
     device: str = typer.Option("cpu", "--device", help="auto, cpu, cuda or cuda:N."),
     target_lang: opts.TargetLang = opts.DEFAULTS.target_lang,
 ) -> None:
-    """Translate one sentence as translate does and show its source x target attention (SentencePiece pieces)."""
+    """Translate one sentence as translate --dtype float32 does and show its source x target attention (SentencePiece pieces)."""
     from nmtkit.viz.attention import attention_command
     from nmtkit.viz.figure import parse_size
 

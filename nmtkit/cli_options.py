@@ -47,8 +47,8 @@ class RunFlags:
     engine: Annotated[str, typer.Option("--engine", help="auto (ctranslate2 for a directory written by nmtkit "
                                         "export, torch otherwise), torch or ctranslate2.")] = DEFAULTS.engine
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = DEFAULTS.device
-    dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bf16, fp16 or int8 (CPU; ctranslate2: its "
-                                       "compute type).")] = DEFAULTS.dtype
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPUs and on CPUs with bf16 units, float32 "
+                                       "elsewhere), float32, bf16, fp16 or int8 (CPU; ctranslate2: its compute type).")] = DEFAULTS.dtype
     target_lang: TargetLang = DEFAULTS.target_lang
     threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto, the cores other processes leave "
                                          "free, measured at start; OMP_NUM_THREADS is used where set).")] = DEFAULTS.threads

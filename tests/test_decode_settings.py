@@ -156,15 +156,22 @@ def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeyp
         assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (int(text) + 1, 2 * int(text)))
 
 
-@pytest.mark.parametrize("dtype, decoded, on_cpu", [("auto", "auto", torch.float32), ("float32", "float32", torch.float32),
-                                                   ("bf16", "bf16", torch.bfloat16), ("fp16", "auto", torch.float32)])
+AUTO_ON_CPU = "auto on CPU"  # training's auto there: bf16 with bf16 units, else float32
+
+
+@pytest.mark.parametrize("dtype, decoded, on_cpu", [("auto", "auto", AUTO_ON_CPU), ("float32", "float32", torch.float32),
+                                                   ("bf16", "bf16", torch.bfloat16), ("fp16", "auto", AUTO_ON_CPU)])
 def test_run_translates_dev_and_test_in_the_training_dtype(dtype, decoded, on_cpu):
-    """`run` scores the model in the precision it was trained and validated in, not translate's
-    own default (which casts to bf16 on a GPU that has it); a model trained under fp16 autocast on
-    a CPU decodes there in float32 (fp16 itself is refused on a CPU)."""
+    """`run` scores the model in the precision it was trained and validated in: translate's
+    ``auto`` is training's (bf16 on CPUs with bf16 units, float32 on others); a model trained
+    under fp16 autocast on a CPU decodes there as auto does (fp16 itself is refused on a CPU)."""
     from nmtkit.config import from_dict
     from nmtkit.decoding.torch_engine import inference_dtype
     from nmtkit.pipeline import decode_options
+    from nmtkit.runtime.device import cpu_has_fast_bf16
+
+    if on_cpu == AUTO_ON_CPU:
+        on_cpu = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
     options = decode_options(from_dict({"data": {"source": "files"}, "train": {"dtype": dtype, "device": "cpu"},
                                          "decode": {"beam_size": 3}}))
