@@ -29,7 +29,7 @@ TRAIN = dict(max_steps=MAX_STEPS, max_tokens=200, save_every=1, validate_every=4
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.1)
 
 
-TIMING_FIELDS = ("tgt_tok_s", "train_seconds")  # the only metrics a crash may change
+TIMING_FIELDS = ("tgt_tok_s", "train_seconds", "rss_mib")  # the only metrics a crash may change (time, memory)
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread: fast and deterministic
