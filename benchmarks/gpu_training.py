@@ -240,10 +240,9 @@ def train_speed_part(settings: dict) -> dict:
     tiny, deadline = settings["tiny"], settings["deadline"]
     steps, warmup = (2, 1) if tiny else (16, 16)  # warm-up and timing each pass over the 16 batches: steady state
     peak = common.cuda_matmul_peak("bf16") if device.type == "cuda" else {"gflops": None}
-    runs = [TRAIN_RUNS[name] for name in settings.get("train_runs") or TRAIN_RUNS]  # repeats: run-to-run noise
     records, margin = [], 5 if tiny else 20
-    for size, dtype, options in runs:
-        name = f"{size}-{dtype}" + "".join(f"-{k}" for k in options)
+    for name in settings.get("train_runs") or TRAIN_RUNS:  # chosen ones may repeat: run-to-run noise
+        size, dtype, options = TRAIN_RUNS[name]
         if options.get("compiled") and (tiny or time.time() > deadline - 75):
             why = "the tiny mode (inductor compiles for minutes on 2 CPU cores)" if tiny else "under 75 s left"
             records.append({"run": name, "status": f"skipped: {why}"})

@@ -73,4 +73,3 @@ def resident_mib() -> Optional[float]:
     except (OSError, ValueError, IndexError):
         return None
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20, 1)
-

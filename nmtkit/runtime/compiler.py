@@ -4,8 +4,8 @@ Every training batch has its own (sentences, length) shape, so the model is comp
 ``dynamic=True``: one graph with symbolic sizes instead of one per shape, and without "duck
 sizing" (which gives two sizes that happen to be equal at the first call one symbol, then compiles
 again at the first batch whose source and target lengths differ: 62 s more on an H200 for
-transformer-base). Sizes 0 and 1 are still specialised, so a batch of a single sentence compiles once more (benchmarks/compile_speed.py
-counts the graphs). Training compiles the model's ``features`` method (the chunked output layer
+transformer-base). Sizes 0 and 1 are still specialised, so a batch of a single sentence compiles
+once more (benchmarks/compile_speed.py counts the graphs). Training compiles the model's ``features`` method (the chunked output layer
 and loss after it stay eager); checkpoints keep saving the module itself, so their weight names
 never carry a wrapper's ``_orig_mod.`` prefix.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.fx.experimental._config
 
 
 def missing_compiler(device: torch.device) -> Optional[str]:
@@ -47,6 +46,8 @@ def maybe_compile(function, device: torch.device, console, setting: str):
 
 def compile_dynamic(function, backend="inductor"):
     """``torch.compile(function, dynamic=True)``, traced with every size its own symbol."""
+    import torch.fx.experimental._config  # noqa: F401 (the duck-sizing switch)
+
     compiled = torch.compile(function, dynamic=True, backend=backend)
 
     def call(*args, **kwargs):
