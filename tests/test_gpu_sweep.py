@@ -1,0 +1,107 @@
+"""benchmarks/gpu_sweep.py on the CPU, on a tiny generated task: it prepares every data key
+where the data is, refuses to run without them, runs a sweep's runs two at a time with the
+results `nmtkit sweep` gets running them one by one (which then finds them all finished),
+stops runs at its budget so that `nmtkit sweep` resumes them, and merges several calls'
+results into one table whose means are recomputed here."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_sweep import ENV, results_of, sweep_cli, without_timing, write_sweep, write_task
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sweep.py"
+VARIANTS = [{"name": "base"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
+RUNS = ["base,seed=1,split=0", "fast,seed=1,split=0"]
+STEPS = {"train.max_steps": 6, "train.validate_every": 3, "train.save_every": 2}
+
+
+def gpu_sweep(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          env=ENV, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The same sweep (2 variants x seed 1 x 1 split) by gpu_sweep.py (2 at once, after its
+    --prepare) and by `nmtkit sweep`; the refusal before the prepare."""
+    root = tmp_path_factory.mktemp("gpu_sweep")
+    write_task(root)
+    parallel = write_sweep(root, "parallel", variants=VARIANTS, seeds=[1], splits=1, overrides=STEPS)
+    refused = gpu_sweep(parallel, "--device", "cpu")
+    prepared = gpu_sweep(parallel, "--prepare")
+    assert prepared.returncode == 0, prepared.stderr
+    out = root / "out"
+    ran = gpu_sweep(parallel, "--device", "cpu", "--jobs", "2", "--threads", "1", "--out", out)
+    assert ran.returncode == 0, ran.stderr
+    serial = write_sweep(root, "serial", variants=VARIANTS, seeds=[1], splits=1, overrides=STEPS)
+    assert sweep_cli(serial).returncode == 0
+    return root, parallel, refused, ran, out
+
+
+def test_without_prepared_data_it_refuses_in_one_line(swept):
+    _, parallel, refused, _, _ = swept
+    assert refused.returncode != 0
+    assert refused.stderr.strip().count("\n") == 0 and "no prepared data for" in refused.stderr
+    assert "--prepare" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_prepare_makes_the_prepared_directory_the_runs_share(swept):
+    root = swept[0]
+    prepared = sorted((root / "parallel" / "prepared").iterdir())
+    assert len(prepared) == 1 and all((p / "manifest.json").is_file() for p in prepared)
+
+
+def test_parallel_runs_give_the_sequential_sweeps_results(swept):
+    root, parallel, _, ran, out = swept
+    ours, theirs = results_of(root / "parallel"), results_of(root / "serial")
+    assert [row["name"] for row in ours["variants"]] == RUNS
+    assert all(row["status"] == "done" for row in ours["variants"])
+    assert without_timing(ours) == without_timing(theirs)
+    assert json.loads((out / "results.json").read_text()) == ours
+    summary = json.loads((out / "runs.json").read_text())
+    assert sorted(r["run"] for r in summary["runs"]) == sorted(RUNS) and summary["jobs"] == 2
+    again = sweep_cli(parallel)
+    assert again.returncode == 0 and again.stderr.count("finished earlier with these settings, skipped") == 2
+
+
+def test_a_run_stopped_at_the_budget_resumes_under_nmtkit_sweep(swept):
+    root = swept[0]
+    long = write_sweep(root, "long", variants=VARIANTS[:1], seeds=[1], splits=1,
+                       overrides={**STEPS, "train.max_steps": 300})
+    assert gpu_sweep(long, "--prepare").returncode == 0
+    stopped = gpu_sweep(long, "--device", "cpu", "--jobs", "2", "--threads", "1", "--budget-s", "2")
+    assert stopped.returncode == 0, stopped.stderr
+    record = json.loads((root / "long" / "variants" / "base,seed=1,split=0" / "sweep-run.json").read_text())
+    assert record["status"] == "stopped" and record["exit_code"] == 143
+    resumed = sweep_cli(long)
+    assert resumed.returncode == 0, resumed.stderr
+    assert results_of(root / "long")["variants"][0]["status"] == "done"
+
+
+def row(group: str, split: int, seed: int, dev: float, test: float) -> dict:
+    return {"name": f"{group},seed={seed},split={split}", "group": group, "split": split, "seed": seed,
+            "status": "done", "dev_bleu": dev, "test_bleu": test, "settings": [] if group == "a" else ["train.lr=0.01"]}
+
+
+def test_summarize_compares_variants_on_the_pairs_all_of_them_finished(tmp_path):
+    first = [row("a", 0, 1, 20.0, 19.0), row("b", 0, 1, 22.0, 21.0), row("a", 1, 1, 24.0, 23.0),
+             row("b", 1, 1, 21.0, 20.0), {**row("b", 0, 2, 30.0, 30.0), "status": "failed"}]
+    second = [row("a", 0, 2, 10.0, 9.0)]  # only a has split 0 seed 2: in a's "all" columns alone
+    paths = []
+    for name, rows in (("a.json", first), ("b.json", second)):
+        (tmp_path / name).write_text(json.dumps({"variants": rows}), encoding="utf-8")
+        paths.append(tmp_path / name)
+    table = subprocess.run([sys.executable, str(SCRIPT), "--summarize", *map(str, paths)], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert "over the 2 (split, seed) pairs every variant finished (split 0 seed 1, split 1 seed 1)" in table[0]
+    assert table[4] == "| a | 22.00 ± 2.83 | 21.00 ± 2.83 | 3 | 18.00 ± 7.21 | 17.00 ± 7.21 | (the recipe) |"
+    assert table[5] == "| b | 21.50 ± 0.71 | 20.50 ± 0.71 | 2 | 21.50 ± 0.71 | 20.50 ± 0.71 | `train.lr=0.01` |"
+    assert table[-2:] == ["| a | 20.00 / 19.00 | 10.00 / 9.00 | 24.00 / 23.00 |", "| b | 22.00 / 21.00 | — | 21.00 / 20.00 |"]
