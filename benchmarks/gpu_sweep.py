@@ -10,17 +10,19 @@ several `nmtkit run`s at once finish several times as many runs per minute as on
 the one `nmtkit sweep` would run (its command plus ``train.device``, its run.log and record, in
 the sweep's work directory), with ``prepare`` replaced by the prepared data carried there (the
 SWORD source is not on the GPU machine; train and translate verify its checksums). Runs start in
-the sweep's order (split by split, so an early stop leaves every variant the same paired runs);
-none starts that its finished peers' median time says cannot end within the budget, and those
-still going at its end get SIGTERM, save, and resume under the next call or `nmtkit sweep`. The tables are the sweep's own
-(WORKDIR/results.md, copied to OUT with a log of the runs).
+the sweep's order, split by split, so an early stop leaves the variants nearly the same paired
+runs (``--summarize`` compares them on the pairs all of them finished). A run that its finished
+peers' median time says cannot end within the budget does not start; those still going at its
+end (or at SIGINT / SIGTERM) get SIGTERM, save, and SIGKILL after ``--grace-s``, and resume
+where their work directory is: on the same machine, or wherever it is carried. The tables are
+the sweep's own (WORKDIR/results.md, copied to OUT with runs.json: each run's start and time).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,21 +49,30 @@ def child(argv: list[str]) -> None:
 
 
 def prepare_all(sweep, selected, console) -> list[str]:
-    """``nmtkit prepare`` once per data key of ``selected`` that lacks a finished prepare; the
-    keys prepared."""
-    from nmtkit.sweep.runner import _link_prepared
+    """``nmtkit prepare`` once per data key of ``selected`` (a finished prepare is skipped by
+    prepare itself); the keys."""
+    from nmtkit.sweep.runner import link_prepared
     from nmtkit.sweep.spec import run_command
 
-    done, made = set(), []
+    keys = []
     for variant in selected:
-        if variant.data_key in done:
+        if variant.data_key in keys:
             continue
-        done.add(variant.data_key)
-        _link_prepared(sweep, variant, console)
+        keys.append(variant.data_key)
+        link_prepared(sweep, variant, console)  # the prepared/ the runs will use
         arguments = run_command(sweep, variant)
-        subprocess.run([sys.executable, "-m", "nmtkit", "prepare", *arguments[1:]], check=True, cwd=os.getcwd())
-        made.append(variant.data_key)
-    return made
+        done = subprocess.run([sys.executable, "-m", "nmtkit", "prepare", *arguments[1:]], env=child_env(None))
+        if done.returncode != 0:
+            raise SystemExit(f"gpu_sweep: prepare of {variant.name}'s data failed (exit {done.returncode})")
+    return keys
+
+
+def child_env(threads) -> dict:
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
 
 
 def missing_data(sweep, selected) -> list[str]:
@@ -71,93 +82,101 @@ def missing_data(sweep, selected) -> list[str]:
 
 
 class Job:
-    def __init__(self, sweep, variant, device: str, threads: int, console):
-        from nmtkit.sweep.record import RECORD, read_record
-        from nmtkit.sweep.runner import _link_prepared, _set_aside_old_run, _trained_otherwise
-        from nmtkit.sweep.spec import run_command
-        from nmtkit.storage.files import atomic_write_text
-        from nmtkit.workdir import WorkDir
+    """One run as a child process: started as `nmtkit sweep` starts one, reaped by ``poll``."""
 
-        self.variant, self.directory = variant, sweep.variant_dir(variant.name)
-        _link_prepared(sweep, variant, console)
-        changed = _trained_otherwise(WorkDir(self.directory).run.path, variant.config)
-        if changed:
-            _set_aside_old_run(self.directory, console, variant.name, changed)
-        old = read_record(self.directory)
-        self.old = old if old.get("config") == variant.config_key else {}
-        self.record_path = self.directory / RECORD
-        atomic_write_text(self.record_path, json.dumps(
-            {"config": variant.config_key, "status": "started", "sessions": self.old.get("sessions", 0),
-             "peak_rss_mib": self.old.get("peak_rss_mib", 0)}, indent=1) + "\n")
+    def __init__(self, sweep, variant, device: str, threads: int, console):
+        from nmtkit.sweep.runner import begin_run, stop_with_parent
+        from nmtkit.sweep.spec import run_command
+
+        self.sweep, self.variant, self.stopping, self.killed = sweep, variant, False, False
+        self.old = begin_run(sweep, variant, console)
+        log = sweep.variant_dir(variant.name) / "run.log"
+        self.session_start = log.stat().st_size if log.is_file() else 0
         arguments = [*run_command(sweep, variant), f"train.device={device}", f"train.threads={threads}"]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-        self.log = open(self.directory / "run.log", "a", encoding="utf-8")
-        self.start = time.monotonic()
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", *arguments],
-                                        stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.started = time.time()
+        with open(log, "a", encoding="utf-8") as handle:
+            self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", *arguments],
+                                            stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+                                            env=child_env(threads), preexec_fn=stop_with_parent)
+
+    def signal(self, signum: int) -> None:
+        """os.kill, not Popen.send_signal: that polls, and could reap the child before ``poll``."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signum)
 
     def poll(self) -> bool:
-        """True once the run has ended (its record written)."""
-        from nmtkit.storage.files import atomic_write_text
-        from nmtkit.sweep.runner import STOPPED_CODES, _last_error
+        """True once the child has ended and its record is written."""
+        from nmtkit.sweep.runner import finish_run
 
         pid, wait_status, usage = os.wait4(self.process.pid, os.WNOHANG)
         if pid == 0:
             return False
         self.process.returncode = code = os.waitstatus_to_exitcode(wait_status)
         code = 128 - code if code < 0 else code
-        self.log.close()
-        self.seconds = time.monotonic() - self.start
-        self.status = "done" if code == 0 else "stopped" if code in STOPPED_CODES else "failed"
-        record = {"config": self.variant.config_key, "status": self.status, "exit_code": code,
-                  "sessions": self.old.get("sessions", 0) + 1,
-                  "peak_rss_mib": round(max(usage.ru_maxrss / 1024, self.old.get("peak_rss_mib", 0)), 1)}
-        if self.status == "failed":
-            record["error"] = _last_error(self.directory / "run.log")
-        atomic_write_text(self.record_path, json.dumps(record, indent=1) + "\n")
+        self.ended = time.time()
+        self.status, _ = finish_run(self.sweep, self.variant, self.old, code, usage.ru_maxrss, self.session_start,
+                                    stopped=self.killed)
         return True
 
 
 def run_jobs(sweep, selected, args, console) -> list[dict]:
-    """Up to ``args.jobs`` runs at once until the budget is spent; one line per ended run."""
+    """Up to ``args.jobs`` runs at once until the budget is spent (or SIGINT / SIGTERM: then as
+    if it were); one entry per ended run. Children never outlive it."""
     from nmtkit.sweep.record import variant_status
 
     pending = [v for v in selected if variant_status(sweep, v) != "done"]
     console.info(f"{len(selected) - len(pending)} of {len(selected)} runs finished earlier; {len(pending)} to run")
-    deadline = time.monotonic() + args.budget_s
+    deadline = [time.monotonic() + args.budget_s]
     running, ended = [], []
-    while pending or running:
-        done = sorted(entry["seconds"] for entry in ended if entry["status"] == "done")
-        typical = done[len(done) // 2] if done else 0.0  # a run that cannot finish in time is not started
-        while pending and len(running) < args.jobs and time.monotonic() + typical < deadline:
-            running.append(Job(sweep, pending.pop(0), args.device, args.threads, console))
-        if time.monotonic() + typical >= deadline:
-            pending.clear()
-        if running and time.monotonic() >= deadline and not any(getattr(job, "stopping", False) for job in running):
-            for job in running:  # the budget is spent: save and stop (resumable)
-                job.stopping = True
-                job.process.send_signal(signal.SIGTERM)
-        for job in [job for job in running if job.poll()]:
-            running.remove(job)
-            ended.append({"run": job.variant.name, "status": job.status, "seconds": round(job.seconds, 1)})
-            console.info(f"{job.variant.name}: {job.status} in {job.seconds:.0f} s ({len(ended)} ended, "
-                         f"{len(running)} running, {len(pending)} pending)")
-        if running and time.monotonic() > deadline + args.grace_s:
-            for job in running:
-                job.process.kill()
-        time.sleep(0.5)
+
+    def stop_now(signum, frame) -> None:
+        deadline[0] = min(deadline[0], time.monotonic())
+
+    previous = {sig: signal.signal(sig, stop_now) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while pending or running:
+            now = time.monotonic()
+            done = sorted(entry["seconds"] for entry in ended if entry["status"] == "done")
+            typical = done[len(done) // 2] if done else 0.0  # a run that cannot finish in time is not started
+            if now + typical >= deadline[0]:
+                pending.clear()
+            while pending and len(running) < args.jobs:
+                running.append(Job(sweep, pending.pop(0), args.device, args.threads, console))
+            if now >= deadline[0]:
+                for job in running:
+                    if not job.stopping:  # the budget is spent: save and stop (resumable)
+                        job.stopping = True
+                        job.signal(signal.SIGTERM)
+                    elif now > deadline[0] + args.grace_s and not job.killed:
+                        job.killed = True
+                        job.signal(signal.SIGKILL)
+            for job in [job for job in running if job.poll()]:
+                running.remove(job)
+                ended.append({"run": job.variant.name, "status": job.status, "started": round(job.started, 1),
+                              "seconds": round(job.ended - job.started, 1)})
+                console.info(f"{job.variant.name}: {job.status} in {job.ended - job.started:.0f} s "
+                             f"({len(ended)} ended, {len(running)} running, {len(pending)} pending)")
+            time.sleep(0.5)
+    finally:
+        for job in running:  # an error here: stop the children, and record them, before leaving
+            job.killed = True
+            job.signal(signal.SIGKILL)
+            while not job.poll():
+                time.sleep(0.1)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return ended
 
 
 def write_tables(sweep, args) -> dict:
+    from nmtkit.storage.files import atomic_write_text
     from nmtkit.sweep.results import write_results
     from nmtkit.sweep.runner import _counts
 
     results = write_results(sweep, {v.name: _counts(v) for v in sweep.variants})
     if args.out:
         for name in ("results.md", "results.json"):
-            shutil.copyfile(sweep.workdir / name, Path(args.out) / name)
+            atomic_write_text(Path(args.out) / name, (sweep.workdir / name).read_text(encoding="utf-8"))
     return results
 
 
@@ -165,32 +184,35 @@ def summarize(paths: list[str]) -> str:
     """One Markdown table from the results.json of several calls (each holds the runs it ran):
     each variant's dev and test BLEU over the (split, seed) pairs that every variant finished, so
     the means compare like with like, then over all its runs; the runs one per line."""
-    import statistics
+    from nmtkit.sweep.spread import spread, spread_cell
 
     runs, settings = {}, {}
     for path in paths:
-        for row in json.loads(Path(path).read_text(encoding="utf-8"))["variants"]:
-            if row.get("status") == "done":
+        try:
+            rows = json.loads(Path(path).read_text(encoding="utf-8"))["variants"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"gpu_sweep: {path} is not a sweep's results.json ({type(err).__name__}: {err})")
+        for row in rows:
+            if row.get("status") == "done" and "group" in row:  # runs of a sweep with seeds or splits
                 runs.setdefault(row["group"], {})[(row["split"], row["seed"])] = row
                 settings[row["group"]] = " ".join(f"`{item}`" for item in row["settings"]) or "(the recipe)"
-    common = sorted(set.intersection(*(set(pairs) for pairs in runs.values())))
+    common = sorted(set.intersection(*(set(pairs) for pairs in runs.values()))) if runs else []
+    if not common:
+        raise SystemExit("gpu_sweep: no (split, seed) pair that every variant finished in these results")
 
-    def spread(values: list[float]) -> str:
-        return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else \
-            f"{values[0]:.2f}" if values else "—"
+    def cell(rows, metric: str) -> str:
+        return spread_cell(spread([row[metric] for row in rows]), ".2f")
 
     pairs = ", ".join(f"split {split} seed {seed}" for split, seed in common)
     lines = [f"Variants by mean dev BLEU over the {len(common)} (split, seed) pairs every variant finished "
              f"({pairs}); then over all of each variant's runs.", "",
              "| variant | dev BLEU (paired) | test BLEU (paired) | runs | dev BLEU (all) | test BLEU (all) | settings |",
              "|---|---|---|---|---|---|---|"]
-    order = sorted(runs, key=lambda g: -statistics.mean(runs[g][k]["dev_bleu"] for k in common))
+    order = sorted(runs, key=lambda g: -spread([runs[g][k]["dev_bleu"] for k in common])["mean"])
     for group in order:
-        done = runs[group]
-        lines.append(f"| {group} | {spread([done[k]['dev_bleu'] for k in common])} | "
-                     f"{spread([done[k]['test_bleu'] for k in common])} | {len(done)} | "
-                     f"{spread([r['dev_bleu'] for r in done.values()])} | "
-                     f"{spread([r['test_bleu'] for r in done.values()])} | {settings[group]} |")
+        paired, every = [runs[group][k] for k in common], list(runs[group].values())
+        lines.append(f"| {group} | {cell(paired, 'dev_bleu')} | {cell(paired, 'test_bleu')} | {len(every)} | "
+                     f"{cell(every, 'dev_bleu')} | {cell(every, 'test_bleu')} | {settings[group]} |")
     keys = sorted({k for done in runs.values() for k in done})
     lines += ["", "Dev / test BLEU of each run:", "",
               "| variant | " + " | ".join(f"split {a} seed {b}" for a, b in keys) + " |",
@@ -206,53 +228,73 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2:])
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     if sys.argv[1:2] == ["--summarize"]:
+        if not sys.argv[2:]:
+            raise SystemExit("gpu_sweep: --summarize needs one or more results.json files")
         print(summarize(sys.argv[2:]), end="")
         return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", help="the sweep file (its workdir holds the prepared data)")
     parser.add_argument("--only", action="append", help="run names or variant names, as `nmtkit sweep --only`")
     parser.add_argument("--prepare", action="store_true", help="prepare every data key here and stop")
-    parser.add_argument("--jobs", type=int, default=8, help="runs at once")
+    parser.add_argument("--jobs", type=int, default=8, help="runs at once (at least 1)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of each run")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget-s", type=float, default=480, help="no run starts after this; then SIGTERM")
-    parser.add_argument("--grace-s", type=float, default=45, help="seconds a stopped run has to save")
+    parser.add_argument("--grace-s", type=float, default=45, help="seconds a stopped run has to save, then SIGKILL")
     parser.add_argument("--out", help="a folder for results.md, results.json and runs.json")
     args = parser.parse_args()
+    if args.jobs < 1 or args.threads < 1:
+        parser.error("--jobs and --threads must be at least 1")
 
+    from nmtkit.errors import NmtkitError
+
+    try:
+        failed = sweep_on_gpu(args)
+    except NmtkitError as err:
+        raise SystemExit(f"gpu_sweep: {err}")
+    if failed:
+        raise SystemExit(f"gpu_sweep: {failed} run(s) failed; see variants/<name>/run.log")
+
+
+def sweep_on_gpu(args) -> int:
+    """--prepare, or the runs; the number of runs that failed."""
     from nmtkit.runtime.console import get_console
-    from nmtkit.storage.files import exclusive
-    from nmtkit.sweep.plan import write_plan
+    from nmtkit.storage.files import atomic_write_text, exclusive
+    from nmtkit.sweep.plan import refuse_foreign_files, write_plan
     from nmtkit.sweep.runner import _counts
     from nmtkit.sweep.spec import load_sweep
 
     console = get_console(0)
     sweep = load_sweep(args.sweep)
     selected = sweep.select(args.only)
+    sweep.workdir.mkdir(parents=True, exist_ok=True)
     if args.prepare:
-        sweep.workdir.mkdir(parents=True, exist_ok=True)
         with exclusive(sweep.workdir, "another `nmtkit sweep`"):
-            made = prepare_all(sweep, selected, console)
-        console.info(f"prepared {len(made)} data key(s) under {sweep.workdir / 'prepared'}")
-        return
+            refuse_foreign_files(sweep)
+            keys = prepare_all(sweep, selected, console)
+        console.info(f"prepared {len(keys)} data key(s) under {sweep.workdir / 'prepared'}")
+        return 0
     missing = missing_data(sweep, selected)
     if missing:
-        sys.exit(f"gpu_sweep: no prepared data for {', '.join(missing)} under {sweep.workdir / 'prepared'}; "
-                 f"run with --prepare where the data is, then carry {sweep.workdir / 'prepared'}")
+        raise SystemExit(f"gpu_sweep: no prepared data for {', '.join(missing)} under {sweep.workdir / 'prepared'}; "
+                         f"run with --prepare where the data is, then carry {sweep.workdir / 'prepared'}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-    sweep.workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with exclusive(sweep.workdir, "another `nmtkit sweep`"):
+        refuse_foreign_files(sweep)
         write_plan(sweep, {v.name: _counts(v) for v in sweep.variants})
         ended = run_jobs(sweep, selected, args, console)
         write_tables(sweep, args)
+    statuses = [entry["status"] for entry in ended]
     summary = {"sweep": args.sweep, "jobs": args.jobs, "threads": args.threads, "device": args.device,
-               "wall_s": round(time.monotonic() - start, 1), "runs": ended}
+               "wall_s": round(time.monotonic() - start, 1),
+               "ended": {status: statuses.count(status) for status in sorted(set(statuses))}, "runs": ended}
     if args.out:
-        (Path(args.out) / "runs.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(Path(args.out) / "runs.json", json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}))
+    return statuses.count("failed")
 
 
 if __name__ == "__main__":

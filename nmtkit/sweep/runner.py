@@ -92,35 +92,53 @@ def _run_variant(sweep: Sweep, variant: Variant, console, debug: bool) -> tuple[
     if variant_status(sweep, variant) == "done":
         console.info(f"{variant.name}: finished earlier with these settings, skipped")
         return "done", 0
-    _link_prepared(sweep, variant, console)
-    changed = _trained_otherwise(WorkDir(directory).run.path, variant.config)
-    if changed:
-        _set_aside_old_run(directory, console, variant.name, changed)
-    old = read_record(directory)
-    if old.get("config") != variant.config_key:  # other settings: its sessions and memory start afresh
-        old = {}
-    # recorded before the child starts: a sweep killed outright leaves the settings its run belongs to
-    started = {"config": variant.config_key, "status": "started", "sessions": old.get("sessions", 0),
-               "peak_rss_mib": old.get("peak_rss_mib", 0)}
-    atomic_write_text(directory / RECORD, json.dumps(started, indent=1) + "\n")
+    old = begin_run(sweep, variant, console)
     arguments = run_command(sweep, variant)
     log = directory / "run.log"
     console.info(f"nmtkit {shlex.join(arguments)}")
     console.info(f"log: {log}")
     session_start = log.stat().st_size if log.is_file() else 0
     code, peak_kib = _run_child([sys.executable, "-m", "nmtkit", *(["--debug"] if debug else []), *arguments], log)
-    status = "done" if code == 0 else "stopped" if code in STOPPED_CODES else "failed"
-    record = {"config": variant.config_key, "status": status, "exit_code": code,
-              "sessions": old.get("sessions", 0) + 1,
-              "peak_rss_mib": round(max(peak_kib / 1024, old.get("peak_rss_mib", 0)), 1)}
-    if status == "failed":
-        record["error"] = _last_error(log, session_start)
-    atomic_write_text(directory / RECORD, json.dumps(record, indent=1) + "\n")
+    status, record = finish_run(sweep, variant, old, code, peak_kib, session_start)
     if status == "failed":
         console.print(f"[red]{variant.name} failed[/red] (exit {code}): {record['error']}")
     elif status == "done":
         console.info(f"{variant.name}: done")
     return status, code
+
+
+def begin_run(sweep: Sweep, variant: Variant, console) -> dict:
+    """Before a variant's child starts: its prepared/ link, an old run trained with other
+    settings set aside, and a record saying it started (a sweep killed outright leaves the
+    settings its run belongs to). Returns the old record when it is of these settings."""
+    directory = sweep.variant_dir(variant.name)
+    link_prepared(sweep, variant, console)
+    changed = _trained_otherwise(WorkDir(directory).run.path, variant.config)
+    if changed:
+        _set_aside_old_run(directory, console, variant.name, changed)
+    old = read_record(directory)
+    if old.get("config") != variant.config_key:  # other settings: its sessions and memory start afresh
+        old = {}
+    started = {"config": variant.config_key, "status": "started", "sessions": old.get("sessions", 0),
+               "peak_rss_mib": old.get("peak_rss_mib", 0)}
+    atomic_write_text(directory / RECORD, json.dumps(started, indent=1) + "\n")
+    return old
+
+
+def finish_run(sweep: Sweep, variant: Variant, old: dict, code: int, peak_kib: int, session_start: int,
+               stopped: bool = False) -> tuple[str, dict]:
+    """After a variant's child ended with exit ``code``: its record (status, sessions, peak RSS,
+    the error from the part of run.log this session wrote). ``stopped``: the caller stopped it
+    (a killed run resumes like one that saved). Returns (status, record)."""
+    directory = sweep.variant_dir(variant.name)
+    status = "done" if code == 0 else "stopped" if stopped or code in STOPPED_CODES else "failed"
+    record = {"config": variant.config_key, "status": status, "exit_code": code,
+              "sessions": old.get("sessions", 0) + 1,
+              "peak_rss_mib": round(max(peak_kib / 1024, old.get("peak_rss_mib", 0)), 1)}
+    if status == "failed":
+        record["error"] = _last_error(directory / "run.log", session_start)
+    atomic_write_text(directory / RECORD, json.dumps(record, indent=1) + "\n")
+    return status, record
 
 
 # train settings that say how long, how often, where or how fast: a run resumed with new values is
@@ -170,7 +188,7 @@ def _set_aside_old_run(directory: Path, console, name: str, changed: list[str]) 
                      f"{', ...' if len(changed) > 3 else ''}); moved its old {path.name}/ to {backup}")
 
 
-def _link_prepared(sweep: Sweep, variant: Variant, console) -> None:
+def link_prepared(sweep: Sweep, variant: Variant, console) -> None:
     """Point the variant's prepared/ at the shared one of its data key (relative link); a variant
     whose data or vocab settings changed since it ran gets the new one and trains afresh."""
     directory = sweep.variant_dir(variant.name)
@@ -193,10 +211,10 @@ def _run_child(arguments: list[str], log: Path) -> tuple[int, int]:
     SIGINT/SIGTERM sent to the sweep are passed on, so the child saves and stops."""
     with open(log, "a", encoding="utf-8") as handle:
         process = subprocess.Popen(arguments, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                                   preexec_fn=_stop_with_parent if _LIBC is not None else None)
+                                   preexec_fn=stop_with_parent if _LIBC is not None else None)
         def forward(signum, frame) -> None:  # the child decides: save and stop, or stop now on a repeat
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signum)
+            with contextlib.suppress(ProcessLookupError):  # os.kill, not send_signal: that polls,
+                os.kill(process.pid, signum)               # and may reap the child before wait4 does
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -210,10 +228,11 @@ def _run_child(arguments: list[str], log: Path) -> tuple[int, int]:
     return code, usage.ru_maxrss  # KiB on Linux
 
 
-def _stop_with_parent() -> None:
+def stop_with_parent() -> None:
     """In the child before exec: SIGTERM when the sweep process dies (Linux prctl PR_SET_PDEATHSIG),
     so a killed sweep never leaves a training running that a resumed sweep would collide with."""
-    _LIBC.prctl(1, signal.SIGTERM)
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)
 
 
 def _last_error(log: Path, start: int = 0) -> str:

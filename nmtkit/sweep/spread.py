@@ -93,7 +93,8 @@ def _against_baseline(sweep: Sweep, baseline: Variant, group: Variant, by_name: 
     return out
 
 
-def _cell(stats: Optional[dict], fmt: str) -> str:
+def spread_cell(stats: Optional[dict], fmt: str) -> str:
+    """"mean ± std" of a ``spread`` (the mean alone for one value, "—" for none)."""
     if stats is None:
         return "—"
     if stats["std"] is None:
@@ -119,9 +120,9 @@ def groups_markdown(results: dict) -> list[str]:
     for row in results["groups"]:
         wins = f"{row['wins']}/{row['losses']} ({row['sign_p']:.3f})" if "wins" in row else "—"
         p = "—" if row.get("p_value") is None else format(row["p_value"], ".3f")
-        cells = [row["name"], f"{row['done']}/{row['runs']}", _cell(row["test_bleu"], ".2f"),
+        cells = [row["name"], f"{row['done']}/{row['runs']}", spread_cell(row["test_bleu"], ".2f"),
                  _range(row["test_bleu"], ".2f"), p, wins,
-                 *(_cell(row[key], fmt) for key, _, fmt in GROUP_COLUMNS[1:]), format(row["parameters"], ","),
+                 *(spread_cell(row[key], fmt) for key, _, fmt in GROUP_COLUMNS[1:]), format(row["parameters"], ","),
                  " ".join(f"`{item}`" for item in row["settings"]) or "(the recipe)"]
         lines.append("| " + " | ".join(cells) + " |")
     seeds = ", ".join(map(str, results["seeds"])) or "each recipe's train.seed"
@@ -151,8 +152,8 @@ def print_groups(console, results: dict) -> None:
     for header in ("variant", "runs", "test BLEU", "min–max", "p", "won/lost", "dev BLEU", "train PFLOPs"):
         table.add_column(header, justify="left" if header == "variant" else "right")
     for row in results["groups"]:
-        table.add_row(row["name"], f"{row['done']}/{row['runs']}", _cell(row["test_bleu"], ".2f"),
+        table.add_row(row["name"], f"{row['done']}/{row['runs']}", spread_cell(row["test_bleu"], ".2f"),
                       _range(row["test_bleu"], ".2f"), "—" if row.get("p_value") is None else f"{row['p_value']:.3f}",
-                      f"{row['wins']}/{row['losses']}" if "wins" in row else "—", _cell(row["dev_bleu"], ".2f"),
-                      _cell(row["train_pflops"], ".3g"))
+                      f"{row['wins']}/{row['losses']}" if "wins" in row else "—", spread_cell(row["dev_bleu"], ".2f"),
+                      spread_cell(row["train_pflops"], ".3g"))
     console.print(table)
