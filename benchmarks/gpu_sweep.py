@@ -29,9 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import common  # puts this checkout's nmtkit first on sys.path
 
 
 def child(argv: list[str]) -> None:
@@ -61,18 +59,10 @@ def prepare_all(sweep, selected, console) -> list[str]:
         keys.append(variant.data_key)
         link_prepared(sweep, variant, console)  # the prepared/ the runs will use
         arguments = run_command(sweep, variant)
-        done = subprocess.run([sys.executable, "-m", "nmtkit", "prepare", *arguments[1:]], env=child_env(None))
+        done = subprocess.run([sys.executable, "-m", "nmtkit", "prepare", *arguments[1:]], env=common.child_env(None))
         if done.returncode != 0:
             raise SystemExit(f"gpu_sweep: prepare of {variant.name}'s data failed (exit {done.returncode})")
     return keys
-
-
-def child_env(threads) -> dict:
-    env = dict(os.environ)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    return env
 
 
 def missing_data(sweep, selected) -> list[str]:
@@ -97,7 +87,7 @@ class Job:
         with open(log, "a", encoding="utf-8") as handle:
             self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", *arguments],
                                             stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                                            env=child_env(threads), preexec_fn=stop_with_parent)
+                                            env=common.child_env(threads), preexec_fn=stop_with_parent)
 
     def signal(self, signum: int) -> None:
         """os.kill, not Popen.send_signal: that polls, and could reap the child before ``poll``."""
