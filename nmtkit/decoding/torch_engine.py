@@ -109,6 +109,11 @@ class TorchEngine:
             from nmtkit.models.quantize import quantize_int8
 
             models = [quantize_int8(model.eval()) for model in models]
+        elif device.type == "cpu":
+            from nmtkit.models.prepack import prepack_linears
+
+            for model in models:
+                prepack_linears(model.eval(), dtype)
         shown = "int8" if options.dtype == "int8" else str(dtype).replace("torch.", "")
         return cls(models[0] if len(models) == 1 else EnsembleModel(models), loaded_models[0].src_vocab,
                    loaded_models[0].tgt_vocab, options, device, f"on {device} in {shown}")
