@@ -116,7 +116,7 @@ def test_greedy_sampling_and_bf16(loaded, model_dir):
     assert translate_lines(loaded, lines, options(sample=True, topk=1)) == greedy
     fresh = [load_model_dir(model_dir)]  # translate_lines casts the weights in place
     assert len(translate_lines(fresh, lines, options(dtype="bf16"))) == len(lines)
-    assert fresh[0].model.tgt_embed.weight.dtype == torch.bfloat16
+    assert fresh[0].model.output_proj.weight.dtype == torch.bfloat16
 
 
 def test_ensemble_of_a_model_with_itself_translates_like_the_model(tmp_path, model_dir, loaded, tiny_spm):

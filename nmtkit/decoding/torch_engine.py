@@ -73,7 +73,8 @@ def input_limit(model: Seq2Seq) -> int:
 class TorchEngine:
     """A model in eval mode on ``device``, searched as the options say. ``from_loaded`` and
     ``open`` make one for translation; validation during training makes one around the live
-    model, so dev BLEU decodes exactly as ``nmtkit translate`` does."""
+    model, so dev BLEU decodes with translate's search and settings (translate's Linear layers
+    are packed for oneDNN on a CPU, ``models/prepack.py``: the same products up to rounding)."""
 
     constrained_search = True  # beam_search takes lexical constraints
 
@@ -102,16 +103,18 @@ class TorchEngine:
 
     @classmethod
     def _placed(cls, loaded_models: Sequence, options, device: torch.device, dtype: torch.dtype) -> "TorchEngine":
+        from nmtkit.models.prepack import prepack_linears, unpack_linears
+
         if not loaded_models:
             raise ConfigError("no model given (-m MODEL_DIR)")
+        for item in loaded_models:  # a model translated before starts plain again: cast, quantised, packed anew
+            unpack_linears(item.model)
         models = [item.model.to(device=device, dtype=dtype) for item in loaded_models]
         if options.dtype == "int8":
             from nmtkit.models.quantize import quantize_int8
 
             models = [quantize_int8(model.eval()) for model in models]
-        elif device.type == "cpu":
-            from nmtkit.models.prepack import prepack_linears
-
+        elif device.type == "cpu" and not options.compile:  # compiled code cannot take oneDNN's packed weights
             for model in models:
                 prepack_linears(model.eval(), dtype)
         shown = "int8" if options.dtype == "int8" else str(dtype).replace("torch.", "")

@@ -6,12 +6,13 @@ so ``prepack_linears`` swaps each Linear for a ``PackedLinear`` that holds its w
 oneDNN's blocked layout, made once, and calls oneDNN's matmul directly. Results match
 ``nn.Linear`` to rounding (a different order of summation), and each row's result does not
 depend on the other rows of the batch, which MKL's float32 path does not promise for batches of
-one to a few rows. Training never sees these layers: they are made only for translation
-(``TorchEngine``); ``NMTKIT_PREPACK=0`` keeps PyTorch's own Linear (for comparisons).
-Speed: benchmarks/RESULTS.md, "Packed Linear weights".
+one to a few rows. Only translation packs (``TorchEngine``, ``nmtkit attention``); training and
+its dev BLEU use PyTorch's Linear. ``NMTKIT_PREPACK=0`` keeps PyTorch's Linear everywhere.
+Speed: benchmarks/RESULTS.md, "Packed Linear weights for CPU translation".
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -19,9 +20,20 @@ import torch
 from torch import Tensor, nn
 
 
+def packing_wanted() -> bool:
+    """False where the user turned packing off (``NMTKIT_PREPACK`` 0, false, off or no)."""
+    return os.environ.get("NMTKIT_PREPACK", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def packing_available(dtype: torch.dtype) -> bool:
-    """Whether this torch and CPU run oneDNN's packed matmul in ``dtype`` (float32 or bf16)."""
-    if os.environ.get("NMTKIT_PREPACK", "1") == "0" or dtype not in (torch.float32, torch.bfloat16):
+    """Whether packing is wanted and this torch and CPU run oneDNN's packed matmul in ``dtype``
+    (float32 or bf16)."""
+    return packing_wanted() and _supported(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(dtype: torch.dtype) -> bool:
+    if dtype not in (torch.float32, torch.bfloat16):
         return False
     ops = getattr(torch.ops, "mkldnn", None)
     if not torch.backends.mkldnn.is_available() or not all(
@@ -55,30 +67,69 @@ def _packed_linear(x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 class PackedLinear(nn.Module):
     """``nn.Linear``'s inference forward, ``x [..., in] -> [..., out]``, from a weight reordered
-    once for oneDNN. Nothing to train or save: the packed weight and the bias are plain
-    attributes. A packed layout is one dtype's and the CPU's, so converting the module to
-    another (``.to(dtype)``, ``.cuda()``) is refused rather than left to corrupt it."""
+    once for oneDNN. The packed weight is not a parameter (nothing here trains), but the module
+    still reads and saves like a Linear: ``weight`` gives the plain matrix back (exactly),
+    ``state_dict`` holds ``weight`` and ``bias``, and ``.to(dtype or device)`` repacks, or keeps
+    the plain matrix where oneDNN cannot pack (a GPU, fp16)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, tied: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        self.dtype, self.device = weight.dtype, weight.device
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        # a weight shared with another module (an embedding) is that module's parameter: kept by
+        # reference, outside this module's parameters, so saving and unpacking keep the tie
+        self._tied = (linear.weight,) if tied else ()
+        self._store(linear.weight.detach(), None if linear.bias is None else linear.bias.detach().clone())
+
+    def _store(self, weight: Tensor, bias: Optional[Tensor]) -> None:
+        self.bias = bias
+        pack = weight.device.type == "cpu" and packing_available(weight.dtype)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack else None
+        self.plain = None if pack else weight
+
+    @property
+    def weight(self) -> Tensor:
+        if self._tied:
+            return self._tied[0]
+        return self.plain if self.packed is None else self.packed.to_dense()
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.packed is None:
+            return nn.functional.linear(x, self.plain, self.bias)
         return _packed_linear(x, self.packed, self.bias)
 
+    def to_linear(self) -> nn.Linear:
+        """The plain ``nn.Linear`` again (same values, dtype and device)."""
+        weight = self.weight
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            if self._tied:
+                linear.weight = self._tied[0]
+            else:
+                linear.weight.copy_(weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
     def _apply(self, fn, recurse=True):
-        after = fn(torch.empty(0, dtype=self.dtype, device=self.device))
-        if (after.dtype, after.device) != (self.dtype, self.device):
-            raise RuntimeError(f"a Linear layer packed for {self.dtype} on {self.device} cannot become "
-                               f"{after.dtype} on {after.device}: load the model again")
+        # a tied weight is converted by the module that owns it; this layer repacks from the
+        # packed values, which are the same
+        weight = self.plain if self.packed is None else self.packed.to_dense()
+        self._store(fn(weight), None if self.bias is None else fn(self.bias))
         return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.weight
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _children(model: nn.Module, kind: type) -> list[tuple[nn.Module, str, nn.Module]]:
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if type(child) is kind]
 
 
 def prepack_linears(model: nn.Module, dtype: torch.dtype) -> int:
@@ -86,11 +137,21 @@ def prepack_linears(model: nn.Module, dtype: torch.dtype) -> int:
     ``dtype``) by a ``PackedLinear``; the number replaced, 0 where packing is not available.
     Tied weights (an output layer sharing the embedding) are copied into the packed layout;
     the embedding keeps its own."""
-    if not packing_available(dtype):
+    if not packing_available(dtype) or any(p.device.type != "cpu" or p.dtype != dtype for p in model.parameters()):
         return 0
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == dtype]
+    linears = _children(model, nn.Linear)
+    elsewhere = {id(p) for module in model.modules() if type(module) is not nn.Linear
+                 for p in module.parameters(recurse=False)}
     with torch.no_grad():
-        for parent, name, child in swaps:
-            setattr(parent, name, PackedLinear(child))
-    return len(swaps)
+        for parent, name, child in linears:
+            setattr(parent, name, PackedLinear(child, tied=id(child.weight) in elsewhere))
+    return len(linears)
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Undo ``prepack_linears`` in place (a model translated once, then cast, quantised or
+    saved); the number of layers given back."""
+    packed = _children(model, PackedLinear)
+    for parent, name, child in packed:
+        setattr(parent, name, child.to_linear())
+    return len(packed)

@@ -157,6 +157,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
 
     from nmtkit.decoding.translate import target_tag_for
     from nmtkit.modeldir import CONFIG, load_model_dir, saved_decode
+    from nmtkit.models.prepack import prepack_linears
     from nmtkit.runtime.device import resolve_device
 
     if fmt not in ("png", "json"):
@@ -168,6 +169,7 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     if fmt == "png":
         check_image_path(out)  # before translating
     loaded = load_model_dir(model_dir, device=resolve_device(device))
+    prepack_linears(loaded.model.eval(), torch.float32)  # on a CPU, translate's packed products (models/prepack.py)
     settings = saved_decode(loaded.meta, Path(model_dir) / CONFIG)  # what translate uses for this model
     tag = target_tag_for(loaded.src_vocab, target_lang)
     att = sentence_attention(loaded, sentence, beam_size or settings.beam_size, settings, tag)
