@@ -299,7 +299,8 @@ def check_recipe_values(name: str, values: dict) -> None:
                                                             or is_placeholder(o.partition("=")[2]) for o in overrides):
             load_config(ROOT / recipe, overrides)
     if name == "sweep" and (ROOT / (values.get("sweep_file") or "")).is_file():
-        variants = {v.name for v in load_sweep(ROOT / values["sweep_file"]).variants}
+        # a run's name, or a replicated variant's, which selects all its (seed, split) runs
+        variants = {name for v in load_sweep(ROOT / values["sweep_file"]).variants for name in (v.name, v.group_name)}
         unknown = [o for o in values.get("only") or [] if not is_placeholder(o) and o not in variants]
         assert not unknown, f"{values['sweep_file']} has no variant {unknown}"
 
