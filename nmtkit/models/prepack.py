@@ -86,11 +86,13 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if pack else None
         self.plain = None if pack else weight
 
+    def _values(self) -> Tensor:
+        """The plain matrix this layer multiplies by (unpacked exactly)."""
+        return self.plain if self.packed is None else self.packed.to_dense()
+
     @property
     def weight(self) -> Tensor:
-        if self._tied:
-            return self._tied[0]
-        return self.plain if self.packed is None else self.packed.to_dense()
+        return self._tied[0] if self._tied else self._values()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.packed is None:
@@ -114,8 +116,7 @@ class PackedLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         # a tied weight is converted by the module that owns it; this layer repacks from the
         # packed values, which are the same
-        weight = self.plain if self.packed is None else self.packed.to_dense()
-        self._store(fn(weight), None if self.bias is None else fn(self.bias))
+        self._store(fn(self._values()), None if self.bias is None else fn(self.bias))
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
