@@ -20,6 +20,12 @@ Two kinds of runs:
   how HF is compared (ANCHORS: "forced lengths").
 Target tokens are output pieces, EOS not counted.
 
+A configuration is ``engine:dtype:beam`` or ``engine:dtype:beam:wN``: N batches searched at once
+(torch: ``translate --workers N``, the threads shared among them; default: nmtkit's own choice,
+one batch per thread; ct2direct: CTranslate2's ``inter_threads`` N with ``intra_threads``
+threads / N; default 1, CTranslate2's own default). ``ct2direct:int8:4:w2`` on 2 cores is
+CTranslate2 at its fastest there.
+
     python benchmarks/decode_speed.py --model WORKDIR/train/best --data WORKDIR/prepared
 """
 from __future__ import annotations
@@ -28,13 +34,15 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import common
 
 NATURAL = "torch:float32:4,torch:float32:1,torch:bf16:4,torch:bf16:1,torch:int8:4,torch:int8:1," \
-          "ct2:float32:4,ct2:float32:1,ct2:int8:4,ct2:int8:1,ct2direct:float32:4,ct2direct:int8:4"
+          "ct2:float32:4,ct2:float32:1,ct2:int8:4,ct2:int8:1,ct2direct:float32:4,ct2direct:int8:4," \
+          "ct2direct:int8:4:w2,ct2direct:int8:1:w2"
 FORCED = "torch:float32:4,torch:int8:4,ct2:float32:4,ct2:int8:4,ct2direct:float32:4,ct2direct:int8:4," \
          "hf:float32:4,hf:int8:4"
 
@@ -46,11 +54,13 @@ class Counting:
     def __init__(self, translator) -> None:
         self.tokens = 0
         self.search = translator.engine.search
+        self.lock = threading.Lock()  # batches may be searched on several threads at once
         translator.engine.search = self
 
     def __call__(self, src, src_mask):
         hyps = self.search(src, src_mask)
-        self.tokens += sum(len(h[0].tokens) for h in hyps)
+        with self.lock:
+            self.tokens += sum(len(h[0].tokens) for h in hyps)
         return hyps
 
 
@@ -139,8 +149,10 @@ class CT2Direct:
         self.sp_src = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["src"]))
         self.sp_tgt = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["tgt"]))
         compute = {"float32": "float32", "int8": "int8", "bf16": "bfloat16", "fp16": "float16"}[cfg["dtype"]]
+        inter = cfg.get("workers") or 1  # batches at once, each on threads / inter of the threads
         self.ct2 = ctranslate2.Translator(str(model_dir), device=cfg.get("device", "cpu"), compute_type=compute,
-                                          intra_threads=cfg["threads"])
+                                          intra_threads=max(1, cfg["threads"] // inter) if cfg["threads"] else 0,
+                                          inter_threads=inter)
         self.beam, self.forced_len, self.batch_tokens = cfg["beam"], cfg["forced_len"], cfg["batch_tokens"]
         self.tokens = 0
 
@@ -165,7 +177,7 @@ def make_translator(cfg: dict):
     forced = cfg.get("forced_len")
     lengths = dict(min_len=forced, max_len_a=0.0, max_len_b=forced) if forced else {}
     options = TranslateOptions(beam_size=cfg["beam"], batch_tokens=cfg["batch_tokens"], device=cfg["device"],
-                               dtype=cfg["dtype"],
+                               dtype=cfg["dtype"], workers=cfg.get("workers") or 0, compile=bool(cfg.get("compile")),
                                engine="ctranslate2" if cfg["engine"] == "ct2" else "torch", **lengths)
     if cfg["engine"] == "ct2":
         from nmtkit.ctranslate2.engine import CT2Engine
@@ -214,11 +226,13 @@ def child(cfg: dict) -> None:
 
 
 # -- the parent: the matrix of configurations -----------------------------------------------
-def parse_configs(text: str) -> list[tuple[str, str, int]]:
+def parse_configs(text: str) -> list[tuple[str, str, int, int]]:
+    """(engine, dtype, beam, workers; 0 for the engine's default) per ``engine:dtype:beam[:wN]``."""
     out = []
     for item in filter(None, text.split(",")):
-        engine, dtype, beam = item.split(":")
-        out.append((engine, dtype, int(beam)))
+        engine, dtype, beam, *rest = item.split(":")
+        workers = int(rest[0].removeprefix("w")) if rest else 0
+        out.append((engine, dtype, int(beam), workers))
     return out
 
 
@@ -240,10 +254,10 @@ def export_for_ct2(model_dir: str, scratch: Path) -> Path:
 
 
 def run_config(args, engine: str, dtype: str, beam: int, forced_len, scratch: Path, ct2_dir, src_path: Path,
-               compile: bool = False) -> dict:
-    tag = f"{engine}-{dtype}-b{beam}" + (f"-forced{forced_len}" if forced_len else "")
+               compile: bool = False, workers: int = 0) -> dict:
+    tag = f"{engine}-{dtype}-b{beam}" + (f"-w{workers}" if workers else "") + (f"-forced{forced_len}" if forced_len else "")
     tag += "-compiled" if compile else ""
-    cfg = {"engine": engine, "dtype": dtype, "beam": beam, "forced_len": forced_len, "model": args.model,
+    cfg = {"engine": engine, "dtype": dtype, "beam": beam, "workers": workers, "forced_len": forced_len, "model": args.model,
            "ct2_model": str(ct2_dir) if ct2_dir else None, "input": str(src_path), "output": str(scratch / f"{tag}.txt"),
            "max_sentences": args.max_sentences, "warmup": args.warmup, "batch_tokens": args.batch_tokens,
            "threads": args.threads, "device": args.device, "compile": compile}
@@ -253,7 +267,8 @@ def run_config(args, engine: str, dtype: str, beam: int, forced_len, scratch: Pa
     if done["returncode"] != 0:
         raise RuntimeError(f"{tag} failed:\n{done['stderr'][-3000:]}")
     result = common.last_json_line(done["stdout"])
-    record = {"config": tag, "engine": engine, "dtype": dtype, "beam": beam, "forced_len": forced_len, **result,
+    record = {"config": tag, "engine": engine, "dtype": dtype, "beam": beam, "workers": workers, "forced_len": forced_len,
+              **result,
               "peak_rss_mib": done["peak_rss_mib"], "threads": args.threads, "load_before": load_before,
               "recompiles": done["stderr"].count("Recompiling function"),  # counted with TORCH_LOGS=recompiles
               "load_after": common.load_average(), "output": cfg["output"]}
@@ -313,11 +328,11 @@ def main(argv=None) -> list[dict]:
             runs += [(c, forced_len) for c in parse_configs(args.forced_configs)]
         needs_export = any(c[0].startswith("ct2") for c, _ in runs) and available("ct2")
         ct2_dir = export_for_ct2(args.model, scratch) if needs_export else None
-        for (engine, dtype, beam), forced in runs:
+        for (engine, dtype, beam, workers), forced in runs:
             if not available(engine):
                 print(f"skipping {engine}: not installed", file=sys.stderr)
                 continue
-            record = run_config(args, engine, dtype, beam, forced, scratch, ct2_dir, src_path)
+            record = run_config(args, engine, dtype, beam, forced, scratch, ct2_dir, src_path, workers=workers)
             if not forced:
                 add_bleu(record, refs)
             records.append(record)

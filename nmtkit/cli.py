@@ -148,7 +148,11 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
                          ("seed", not call.sample, "applies to --sample only (beam search is deterministic)"),
                          ("beam_size", call.sample, "does not apply with --sample, which draws --nbest samples"),
                          ("chunk_lines", call.stream, "does not apply with --stream, which translates each line alone"),
-                         ("alignment_units", not call.alignments, "applies to --alignments only")])
+                         ("alignment_units", not call.alignments, "applies to --alignments only"),
+                         ("workers", call.sample, "does not apply with --sample, which searches one batch at a time "
+                                                  "(one random stream, drawn in order)"),
+                         ("workers", call.compile, "does not apply with --compile, which searches one batch at a "
+                                                   "time")])
     options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags, call))
     translate_file([str(m) for m in model], files.input, files.output, options, _console(),
                    GuideFiles(files.prefix_file, files.constraints))
@@ -191,7 +195,8 @@ def serve(
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
                     max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout)
-    options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags))
+    # one search call at a time: --max-search-bytes bounds each call's memory
+    options = resolve_options(model, vars(decode_flags), workers=1, **opts.settings(run_flags))
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
                verbose=_state["verbosity"] > 0, api_key=api_key)
 

@@ -100,6 +100,7 @@ RANGES: dict[str, Bound] = {
     "translate.temperature": Bound(0.01, 100),  # below 0.01 logits / T overflow float32 (and it is greedy anyway)
     "translate.seed": Bound(0, MAX_SEED), "translate.chunk_lines": Bound(1, 10**8),
     "translate.max_source_len": Bound(0, 10**8), "translate.threads": Bound(0, 4096),
+    "translate.workers": Bound(0, 4096),
     # other commands' options
     "score.resamples": Bound(1, 10**6),  # each resample scores the whole test set once
     "serve.port": Bound(0, 65_535), "serve.batch_window_ms": Bound(0, 60_000),

@@ -81,6 +81,9 @@ def open_engine(model_dirs: Sequence[str], options: TranslateOptions):
 
         if len(model_dirs) != 1:
             raise ConfigError("--engine ctranslate2 decodes one model (no ensembles); give one -m")
+        if options.workers > 1:
+            raise ConfigError("--workers applies to the torch engine: the CTranslate2 engine searches one batch at "
+                              "a time on every thread")
         return CT2Engine(model_dirs[0], options)
     from nmtkit.decoding.torch_engine import TorchEngine
 

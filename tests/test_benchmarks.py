@@ -50,12 +50,21 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
                               "--steps", "6", "--log-every", "2", "--warmup-windows", "1"])
     assert train[0]["tgt_tok_s"] > 0 and train[0]["peak_rss_mib"] > 50 and train[0]["mfu_pct"] > 0
     has_ct2 = decode_speed.available("ct2")
-    engines = "torch:float32:2,torch:int8:1" + (",ct2:float32:1,ct2direct:float32:1" if has_ct2 else "")
+    engines = "torch:float32:2,torch:float32:2:w2,torch:int8:1" + \
+        (",ct2:float32:1,ct2direct:float32:1,ct2direct:float32:1:w2" if has_ct2 else "")
     forced_engines = "torch:float32:2" + (",ct2direct:int8:2" if has_ct2 else "")
     decode = decode_speed.main([*shared, "--configs", engines, "--forced-configs", forced_engines,
                                 "--forced-len", "3", "--max-sentences", "8", "--warmup", "2", "--keep-outputs"])
-    assert [r["config"] for r in decode] == [c.replace(":", "-", 1).replace(":", "-b") for c in engines.split(",")] + \
-        [c.replace(":", "-", 1).replace(":", "-b") + "-forced3" for c in forced_engines.split(",")]
+
+    def tag(config: str) -> str:  # engine:dtype:beam[:wN] -> engine-dtype-bBEAM[-wN]
+        engine, dtype, beam, *workers = config.split(":")
+        return f"{engine}-{dtype}-b{beam}" + "".join(f"-{w}" for w in workers)
+
+    assert [r["config"] for r in decode] == [tag(c) for c in engines.split(",")] + \
+        [tag(c) + "-forced3" for c in forced_engines.split(",")]
+    assert [r["workers"] for r in decode[:2]] == [0, 2]
+    # batches side by side translate as one at a time
+    assert (tmp_path / "torch-float32-b2-w2.txt").read_text() == (tmp_path / "torch-float32-b2.txt").read_text()
     for record in decode:
         assert record["sentences"] == 8 and record["sent_s"] > 0
     assert all("bleu" in r for r in decode if not r["forced_len"])

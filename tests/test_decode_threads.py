@@ -156,3 +156,138 @@ def test_an_early_reading_is_used_once_and_not_when_stale(monkeypatch, four_core
     assert threads.choose_threads(0)[0] == 4  # the stale reading (1 busy core) was not used
     threads.start_reading(5)
     assert threads._early == []
+
+
+def many_lines(tmp_path, count: int = 12):
+    source = tmp_path / "many.txt"
+    words = ["the cat sat", "a dog ran", "the dog sat on the cat", "cats", "a cat ran to the dog and sat"]
+    source.write_text("".join(words[i % len(words)] + "\n" for i in range(count)), encoding="utf-8")
+    return source
+
+
+def searches_seen(monkeypatch) -> list[tuple[str, int, int]]:
+    """Record (thread name, PyTorch threads, lines) of every search call the torch engine makes."""
+    from nmtkit.decoding.torch_engine import TorchEngine
+
+    seen, search = [], TorchEngine.search
+
+    def recording(self, src, src_mask, **targets):
+        seen.append((threading.current_thread().name, torch.get_num_threads(), src.size(0)))
+        return search(self, src, src_mask, **targets)
+
+    monkeypatch.setattr(TorchEngine, "search", recording)
+    return seen
+
+
+@pytest.mark.parametrize("flags, at_once, each", [((), 4, 1), (("--workers", "2"), 2, 2), (("--workers", "1"), 1, 4),
+                                                  (("--workers", "3"), 3, 1)])
+def test_translate_searches_batches_side_by_side_with_the_same_output(monkeypatch, capsys, four_cores, model_dir,
+                                                                      tmp_path, flags, at_once, each):
+    source = many_lines(tmp_path)
+    common = ["translate", "-m", str(model_dir), "-i", str(source), "--device", "cpu", "-b", "2", "--max-len-b", "4",
+              "--threads", "4", "--batch-tokens", "12"]
+    code, alone, err = cli_in_process(monkeypatch, capsys, *common, "--workers", "1")
+    assert code == 0, err
+    seen = searches_seen(monkeypatch)
+    code, out, err = cli_in_process(monkeypatch, capsys, *common, *flags)
+    assert code == 0, err
+    assert out == alone and out.count("\n") == 12
+    assert sum(lines for _, _, lines in seen) == 12 and len(seen) > 4  # several batches, every line once
+    names = {name for name, _, _ in seen}
+    if at_once == 1:
+        assert names == {threading.current_thread().name}
+    else:
+        assert names <= {f"nmtkit-search_{i}" for i in range(at_once)} and len(names) >= 1
+    assert {threads for _, threads, _ in seen} == {each}  # the 4 threads shared among the batches at once
+    assert torch.get_num_threads() == 4  # the caller's own count is untouched
+
+
+@pytest.mark.parametrize("threads, workers, tasks, expected", [
+    (2, 2, 5, (2, 1)), (2, 0, 5, (1, 2)), (4, 2, 5, (2, 2)), (4, 3, 5, (3, 1)), (8, 8, 3, (3, 2)),
+    (2, 2, 1, (1, 2)), (1, 4, 9, (1, 1)), (16, 4, 0, (1, 16))])
+def test_batches_at_once_never_exceed_the_batches_or_the_threads(threads, workers, tasks, expected):
+    from nmtkit.decoding.parallel import split_threads
+
+    assert split_threads(threads, workers, tasks) == expected
+
+
+def test_an_error_in_a_batch_searched_beside_others_reaches_the_caller():
+    from nmtkit.decoding.parallel import run_side_by_side
+
+    def run(task):
+        if task == 3:
+            raise ValueError("batch 3 failed")
+        return task * 10
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = run_side_by_side(list(range(8)), run, 2)
+        assert [next(results), next(results), next(results)] == [(0, 0), (1, 10), (2, 20)]
+        with pytest.raises(ValueError, match="batch 3 failed"):
+            next(results)
+        assert list(run_side_by_side([1, 2], lambda task: task + 1, 2)) == [(1, 2), (2, 3)]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--workers", "2", "--sample"), "--workers does not apply with --sample, which searches one batch at a time "
+                                     "(one random stream, drawn in order)"),
+    (("--workers", "2", "--compile"), "--workers does not apply with --compile, which searches one batch at a time"),
+    (("--workers", "-1"), "--workers must be in [0, 4096], got -1")])
+def test_translate_refuses_workers_where_they_cannot_apply(monkeypatch, capsys, model_dir, tmp_path, flags, message):
+    source = many_lines(tmp_path, 2)
+    code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), "-i", str(source), *flags)
+    assert (code, out, err) == (2, "", f"nmtkit: error: {message}\n")
+
+
+def test_serve_searches_one_batch_at_a_time(monkeypatch, capsys, model_dir):
+    """The server bounds the memory of each search call (--max-search-bytes): calls side by side would
+    add up past it."""
+    import nmtkit.translate_files
+
+    seen = []
+
+    def open_engine(model_dirs, options):
+        seen.append(options.workers)
+        raise ConfigError("stopped before loading")
+
+    monkeypatch.setattr(nmtkit.translate_files, "open_engine", open_engine)
+    code, _, err = cli_in_process(monkeypatch, capsys, "serve", "-m", str(model_dir), "--port", "0", "--threads", "2")
+    assert (code, seen) == (2, [1]), err
+
+
+def test_workers_are_for_the_cpu_only(loaded_tiny):
+    """On a GPU one batch runs at a time (a given --workers is refused, before anything is placed
+    there); on a CPU the count is
+    the options', 0 meaning one per thread, and sampling or a compiled decoder take one."""
+    from nmtkit.decoding.options import TranslateOptions
+    from nmtkit.decoding.torch_engine import TorchEngine
+
+    item = loaded_tiny
+
+    def engine(device: str, **settings):
+        return TorchEngine(item.model, item.src_vocab, item.tgt_vocab, TranslateOptions(**settings), torch.device(device))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert [engine("cpu").batch_workers, engine("cpu", workers=2).batch_workers] == [3, 2]
+        assert engine("cpu", workers=2, sample=True).batch_workers == 1
+        assert engine("cpu", workers=2, compile=True).batch_workers == 1
+        on_gpu = engine("cpu")
+        on_gpu.device = torch.device("cuda")  # as an engine on a GPU holds it
+        assert on_gpu.batch_workers == 1
+        with pytest.raises(ConfigError, match="--workers applies to decoding on a CPU: on meta batches are searched one "
+                                              "at a time"):
+            engine("meta", workers=2)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
+def loaded_tiny(model_dir):
+    from nmtkit.modeldir import load_model_dir
+
+    return load_model_dir(model_dir)

@@ -78,6 +78,10 @@ def test_cli_export_and_translate_keep_one_line_per_line(reversal_spm, tmp_path)
             assert [line.split("\t")[0] for line in theirs] == [line.split("\t")[0] for line in ours]
         if "--alignments" in extra:
             assert all(line.count("\t") == 3 for line in theirs)
+    refused = run_cli("translate", "-m", str(tmp_path / "ct2"), "-i", str(source), "--device", "cpu", "--workers", "2")
+    assert (refused.returncode, refused.stderr.decode()) == (2, "nmtkit: error: --workers applies to the torch engine: "
+                                                                "the CTranslate2 engine searches one batch at a time on "
+                                                                "every thread\n")
 
 
 def test_info_on_an_export_tells_of_its_source_only_while_the_source_holds_the_exported_weights(reversal_spm,

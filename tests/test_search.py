@@ -120,6 +120,34 @@ def test_length_limit_finishes_hypotheses_and_batch_shrinks():
     assert model.calls == [2, 2, 2, 1, 1]  # sentence 0 left the batch after step 2
 
 
+
+def test_greedy_drops_finished_sentences_once_they_are_a_share_of_the_batch():
+    """An ended sentence stays in the batch (fed EOS, its output fixed) until finished ones are over
+    a tenth of it; then they all leave at once."""
+    settings = SearchSettings(lenpen=0.0, max_len_a=0, max_len_b=4)
+    alone = {key: greedy_search(ScriptedModel(SCRIPT), *src_of([key]), settings)[0][0] for key in (10, 11)}
+    for keys, calls in (([10] + [11] * 9, [10] * 5), ([10, 10] + [11] * 8, [10, 10, 10, 8, 8])):
+        model = ScriptedModel(SCRIPT)
+        out = greedy_search(model, *src_of(keys), settings)
+        assert model.calls == calls  # one finished of 10 stays; two of 10 leave after step 2
+        for key, [hyp] in zip(keys, out):
+            assert (hyp.tokens, hyp.logprob, hyp.score) == (alone[key].tokens, alone[key].logprob, alone[key].score)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_greedy_outputs_do_not_depend_on_when_finished_sentences_leave(monkeypatch, share):
+    model = TinyModel(5).eval()
+    src, mask = random_batch(9, batch=12)
+    settings = SearchSettings(**SETTINGS)
+    usual = greedy_search(model, src, mask, settings)
+    monkeypatch.setattr("nmtkit.decoding.search.COMPACT_SHARE", share)  # 0: at every finish; 1: never
+    other = greedy_search(model, src, mask, settings)
+    assert [[h.tokens for h in hyps] for hyps in other] == [[h.tokens for h in hyps] for hyps in usual]
+    assert [h.score for hyps in other for h in hyps] == pytest.approx([h.score for hyps in usual for h in hyps],
+                                                                       rel=1e-12)
+
+
 def test_length_limit_follows_source_length():
     src = torch.tensor([[11, A, A, A, A, A], [11, A, PAD, PAD, PAD, PAD]])
     # key 11 makes "c" likelier than EOS at every step, so greedy runs to the limit

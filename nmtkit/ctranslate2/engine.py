@@ -116,6 +116,7 @@ class CT2Engine:
     ``decoding/torch_engine.py`` for what an engine offers)."""
 
     constrained_search = False  # see NO_CONSTRAINTS
+    batch_workers = 1  # one batch at a time, on every thread (intra_threads)
 
     def __init__(self, model_dir: str | Path, options) -> None:
         meta = read_export_meta(model_dir)

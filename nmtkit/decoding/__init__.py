@@ -9,5 +9,6 @@
     options.py       TranslateOptions: DecodeConfig plus per-call settings (no torch)
     translate.py     Translator(engine, options), translate_lines (lines in, lines out);
                      Translator.hypotheses for callers that format their own output (the server)
+    parallel.py      run_side_by_side: search batches at once on a CPU, the threads shared (--workers)
     alignment.py     attention to Pharaoh i-j pairs over pieces or whitespace words
 """

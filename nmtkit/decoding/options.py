@@ -17,7 +17,7 @@ from nmtkit.limits import range_problem
 NUMERIC_OPTIONS = {**{name: f"decode.{name}" for name in DECODE_SETTINGS if name != "eos_at_limit"},
                    **{name: f"translate.{name}"
                       for name in ("nbest", "topk", "topp", "temperature", "seed", "chunk_lines", "max_source_len",
-                                   "threads")}}
+                                   "threads", "workers")}}
 
 ENGINES = ("auto", "torch", "ctranslate2")
 LANGUAGE = re.compile(r"[A-Za-z0-9_.-]{1,24}")  # what --target-lang names: the xx of a <2xx> tag
@@ -57,6 +57,7 @@ class TranslateOptions(DecodeConfig):
     chunk_lines: int = 10_000  # lines read, translated, written (and saved, for -i FILE -o FILE) at a time
     max_source_len: int = 0  # source pieces read per line (0: the model's max_positions; a table's is the most)
     threads: int = 0  # CPU threads (0: auto, only the cores other processes leave free; runtime/threads.py)
+    workers: int = 0  # CPU batches searched at once, the threads shared among them (0: one per thread; parallel.py)
 
     @classmethod
     def from_decode(cls, decode: DecodeConfig, **settings) -> "TranslateOptions":

@@ -3,7 +3,8 @@ on the options' device and dtype, searched with ``search.py``.
 
 An engine is what ``Translator`` needs besides its options: ``src_vocab``, ``tgt_vocab``,
 ``max_positions`` (longer inputs are truncated), ``device`` (where source ids are padded),
-``description`` (one line for the console), ``search(src, src_mask)`` (with ``prefixes=``
+``description`` (one line for the console), ``batch_workers`` (search calls that may run at once,
+on threads of their own), ``search(src, src_mask)`` (with ``prefixes=``
 and ``constraints=`` per sentence when a batch has them), ``constrained_search`` (whether it
 takes constraints), ``with_options(options)`` (the same loaded model under other decode
 settings, for a server whose requests choose them) and ``reseed(seed)`` (sampling restarted:
@@ -82,6 +83,8 @@ class TorchEngine:
                  description: str = "") -> None:
         self.model, self.src_vocab, self.tgt_vocab = model.eval(), src_vocab, tgt_vocab
         self.options, self.device, self.description = options, device, description
+        if options.workers > 1 and device.type != "cpu":
+            raise ConfigError(f"--workers applies to decoding on a CPU: on {device} batches are searched one at a time")
         self.max_positions = model.max_positions
         self.input_limit = input_limit(model)
         self.generator = torch.Generator(device=device)
@@ -120,6 +123,16 @@ class TorchEngine:
         shown = "int8" if options.dtype == "int8" else str(dtype).replace("torch.", "")
         return cls(models[0] if len(models) == 1 else EnsembleModel(models), loaded_models[0].src_vocab,
                    loaded_models[0].tgt_vocab, options, device, f"on {device} in {shown}")
+
+    @property
+    def batch_workers(self) -> int:
+        """How many search calls ``Translator`` may run at once (``parallel.py``): on a CPU the
+        options' ``workers``, 0 meaning one per thread; one on a GPU, when sampling (one random
+        stream, drawn in order) and with a compiled decoder."""
+        o = self.options
+        if self.device.type != "cpu" or o.sample or o.compile:
+            return 1
+        return o.workers or torch.get_num_threads()
 
     def with_options(self, options) -> "TorchEngine":
         """The same model (device, dtype, weights shared) searched with other decode settings."""

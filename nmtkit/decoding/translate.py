@@ -20,6 +20,7 @@ from nmtkit.decoding.batching import pad_sources, token_batches
 from nmtkit.decoding.cost import check_search_cost, estimate_search_bytes, split_by_cost
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
 from nmtkit.decoding.options import TranslateOptions
+from nmtkit.decoding.parallel import run_side_by_side
 from nmtkit.decoding.search import Hypothesis
 from nmtkit.decoding.torch_engine import TorchEngine
 from nmtkit.errors import ConfigError
@@ -70,18 +71,21 @@ class Translator:
         pieces = self.constraint_pieces(targets, todo, sources, first_index)
         results: dict[int, list[Hypothesis]] = {}
         rows = opts.nbest if opts.sample else opts.beam_size
+        calls: list[list[int]] = []  # the lines of each search call
         for batch in token_batches([len(sources[i]) for i in todo], opts.batch_tokens, rows):
             positions = [todo[i] for i in batch]
-            calls = [positions] if not any(pieces.get(i) for i in positions) else \
+            calls += [positions] if not any(pieces.get(i) for i in positions) else \
                 split_by_cost(positions, lambda group: self.search_cost(group, sources, pieces), pieces.__getitem__)
-            for positions in calls:
-                src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
-                with torch.inference_mode():
-                    found = self.engine.search(src, src_mask, **batch_targets(targets, positions))
-                    for position, hyps in zip(positions, found):
-                        results[position] = hyps
-                if progress is not None:
-                    progress(len(positions))
+
+        def search(positions: list[int]) -> list[list[Hypothesis]]:
+            src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
+            with torch.inference_mode():  # per thread: the call may run on a worker
+                return self.engine.search(src, src_mask, **batch_targets(targets, positions))
+
+        for positions, found in run_side_by_side(calls, search, self.engine.batch_workers):
+            results.update(zip(positions, found))
+            if progress is not None:
+                progress(len(positions))
         if progress is not None and len(lines) > len(todo):
             progress(len(lines) - len(todo))  # empty lines count as done
         return sources, [results.get(i) or [Hypothesis([], 0.0, 0.0)] for i in range(len(lines))]

@@ -47,7 +47,8 @@ def dev_bleu(model: Seq2Seq, sources: list[str], references: list[str], src_voca
     from nmtkit.scoring.metrics import corpus_scores
 
     n = min(len(sources), max_sentences, len(references))
-    options = dataclasses.replace(options, max_source_len=10**8)  # dev sources whole, as far as the model goes
+    # dev sources whole, as far as the model goes; one batch at a time, as autocast holds only on this thread
+    options = dataclasses.replace(options, max_source_len=10**8, workers=1)
     translator = Translator(TorchEngine(model, src_vocab, tgt_vocab, options, device), options)
     with autocast(device, dtype):
         hyps = translator.translate(sources[:n])
