@@ -103,8 +103,9 @@ def main(argv=None) -> list[dict]:
     loaded = load_models([args.model], torch.device("cpu"))
     records = []
     for beam in (int(b) for b in args.beams.split(",")):
+        # one batch at a time, as constrained batches always run: the ratios compare searches, not parallelism
         options = TranslateOptions(beam_size=beam, batch_tokens=args.batch_tokens, device=args.device,
-                                   dtype="float32")
+                                   dtype="float32", workers=1)
         translator = Translator(TorchEngine.from_loaded(loaded, options), options)
         for name in args.sets.split(","):
             load_before = common.load_average()

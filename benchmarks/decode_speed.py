@@ -149,10 +149,12 @@ class CT2Direct:
         self.sp_src = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["src"]))
         self.sp_tgt = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / spm["tgt"]))
         compute = {"float32": "float32", "int8": "int8", "bf16": "bfloat16", "fp16": "float16"}[cfg["dtype"]]
-        inter = cfg.get("workers") or 1  # batches at once, each on threads / inter of the threads
+        # wN: N batches at once, each on threads / N of the threads (N at most the threads; with
+        # --threads 0, CTranslate2's own intra_threads default for each)
+        threads, inter = cfg["threads"], cfg.get("workers") or 1
+        inter = min(inter, threads) if threads else inter
         self.ct2 = ctranslate2.Translator(str(model_dir), device=cfg.get("device", "cpu"), compute_type=compute,
-                                          intra_threads=max(1, cfg["threads"] // inter) if cfg["threads"] else 0,
-                                          inter_threads=inter)
+                                          intra_threads=threads // inter if threads else 0, inter_threads=inter)
         self.beam, self.forced_len, self.batch_tokens = cfg["beam"], cfg["forced_len"], cfg["batch_tokens"]
         self.tokens = 0
 
@@ -232,6 +234,8 @@ def parse_configs(text: str) -> list[tuple[str, str, int, int]]:
     for item in filter(None, text.split(",")):
         engine, dtype, beam, *rest = item.split(":")
         workers = int(rest[0].removeprefix("w")) if rest else 0
+        if workers and engine not in ("torch", "ct2direct"):
+            raise SystemExit(f"{item}: :wN applies to torch and ct2direct only ({engine} searches one batch at a time)")
         out.append((engine, dtype, int(beam), workers))
     return out
 

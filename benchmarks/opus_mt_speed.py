@@ -78,7 +78,8 @@ def time_nmtkit(model_dir: Path, lines: list[str], args, engine: str, dtype: str
 
     options = TranslateOptions(beam_size=args.beam, min_len=args.forced_len, max_len_a=0.0,
                                max_len_b=args.forced_len, device="cpu", dtype=dtype, engine=engine,
-                               batch_tokens=args.batch * 16 * args.beam)
+                               batch_tokens=args.batch * 16 * args.beam,
+                               workers=1)  # one batch at a time, as CTranslate2 and generate here and as measured before
     translator = Translator(open_engine([str(model_dir)], options), options)
     translator.translate(lines[:args.warmup])
     start = time.perf_counter()

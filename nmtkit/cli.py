@@ -149,10 +149,12 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
                          ("beam_size", call.sample, "does not apply with --sample, which draws --nbest samples"),
                          ("chunk_lines", call.stream, "does not apply with --stream, which translates each line alone"),
                          ("alignment_units", not call.alignments, "applies to --alignments only"),
-                         ("workers", call.sample, "does not apply with --sample, which searches one batch at a time "
-                                                  "(one random stream, drawn in order)"),
-                         ("workers", call.compile, "does not apply with --compile, which searches one batch at a "
-                                                   "time")])
+                         ("workers", call.sample and call.workers > 1, "applies to beam and greedy search: "
+                          "--sample searches one batch at a time (one random stream, drawn in order)"),
+                         ("workers", call.compile and call.workers > 1, "does not apply with --compile, which "
+                          "searches one batch at a time"),
+                         ("workers", call.stream and call.workers > 1, "does not apply with --stream, which "
+                          "translates each line alone")])
     options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags, call))
     translate_file([str(m) for m in model], files.input, files.output, options, _console(),
                    GuideFiles(files.prefix_file, files.constraints))

@@ -120,8 +120,8 @@ class CallFlags:
         "with -i FILE -o FILE each finished chunk is saved beside the output, so the same command after a crash "
         "continues from the last one.")] = DEFAULTS.chunk_lines
     workers: Annotated[int, typer.Option("--workers", help="Batches searched at once on a CPU, the threads "
-        "shared among them (0: auto, one per thread; 1: one batch at a time on every thread). Faster on several "
-        "cores; each batch in flight holds its own search memory.")] = DEFAULTS.workers
+        "shared among them, at most one batch per thread (0: auto, one per thread; 1: one batch at a time on every "
+        "thread). Faster on several cores; each batch in flight holds its own search memory.")] = DEFAULTS.workers
     max_source_len: Annotated[int, typer.Option("--max-source-len", help="Source pieces read per line; longer lines "
         "are cut with a warning (0: the model's max_positions; a model with a sinusoidal or learned position table "
         "cannot go past it, rope, alibi and rnn can).")] = DEFAULTS.max_source_len

@@ -80,7 +80,8 @@ def translate_split(cfg: Config, split: str, out_dir: Path, console, options, we
 
     source_path = prepared_file(WorkDir.of(cfg).text(split, cfg.data.src_lang))
     sources = read_lines(source_path)
-    settings = {k: v for k, v in dataclasses.asdict(options).items() if k != "target_lang"}  # never set here
+    # target_lang is never set here; workers does not change a translation
+    settings = {k: v for k, v in dataclasses.asdict(options).items() if k not in ("target_lang", "workers")}
     # the text itself, not just its length: another test set of as many lines is translated anew
     stamp = _stamp(weights_sha256, settings, len(sources), sha256_file(source_path))
     hyp_path, stamp_path = out_dir / f"{split}.hyp", out_dir / f"{split}.hyp.stamp"

@@ -304,10 +304,13 @@ def progress_key(model_dirs: Sequence[str], scan: InputScan, translator: Transla
                  guides: Optional[Sequence[Guide]] = None) -> str:
     """What the output of ``translate -i FILE`` depends on, as one digest: the input's bytes,
     the models' files, the prefixes and constraints as read (a pipe's included), every
-    option but the thread count, the engine's device and dtype, nmtkit's version. Saved chunks
-    are reused only under the same key."""
+    option but the thread and worker counts, the engine's device and dtype, nmtkit's version. Saved
+    chunks are reused only under the same key."""
     options = dataclasses.asdict(translator.options)
-    options.pop("threads")  # auto may choose differently on each start: the count must not discard saved chunks
+    # auto may choose differently on each start, and --workers 1 is the way out of a run short of
+    # memory: neither count changes a translation, neither may discard saved chunks
+    options.pop("threads")
+    options.pop("workers")
     record = {"nmtkit": __version__, "input": dataclasses.asdict(scan), "models": [model_digest(d) for d in model_dirs],
               "guides": guides_digest(guides), "options": options, "engine": translator.engine.description}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()

@@ -63,8 +63,15 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
     assert [r["config"] for r in decode] == [tag(c) for c in engines.split(",")] + \
         [tag(c) + "-forced3" for c in forced_engines.split(",")]
     assert [r["workers"] for r in decode[:2]] == [0, 2]
-    # batches side by side translate as one at a time
-    assert (tmp_path / "torch-float32-b2-w2.txt").read_text() == (tmp_path / "torch-float32-b2.txt").read_text()
+    # two batches side by side on two threads translate as one batch at a time did
+    side = decode_speed.main([*shared[:-1], "2", "--configs", "torch:float32:2:w2", "--forced-len", "0",
+                              "--max-sentences", "8", "--warmup", "2", "--batch-tokens", "40", "--keep-outputs",
+                              "--out", str(tmp_path / "side")])
+    assert side[0]["threads_used"] == 2 and side[0]["tgt_tokens"] == decode[0]["tgt_tokens"]
+    assert (tmp_path / "side" / "torch-float32-b2-w2.txt").read_text() == \
+        (tmp_path / "torch-float32-b2.txt").read_text()
+    with pytest.raises(SystemExit, match="ct2:int8:4:w2: :wN applies to torch and ct2direct only"):
+        decode_speed.parse_configs("torch:bf16:4:w2,ct2:int8:4:w2")
     for record in decode:
         assert record["sentences"] == 8 and record["sent_s"] > 0
     assert all("bleu" in r for r in decode if not r["forced_len"])

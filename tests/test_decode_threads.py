@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -165,18 +166,27 @@ def many_lines(tmp_path, count: int = 12):
     return source
 
 
-def searches_seen(monkeypatch) -> list[tuple[str, int, int]]:
-    """Record (thread name, PyTorch threads, lines) of every search call the torch engine makes."""
+def searches_seen(monkeypatch) -> tuple[list[tuple[str, int, int]], list[int]]:
+    """Record (thread name, PyTorch threads, lines) of every search call the torch engine makes,
+    and the most calls in flight at once (each call lingers a little, so calls meant to overlap do)."""
     from nmtkit.decoding.torch_engine import TorchEngine
 
-    seen, search = [], TorchEngine.search
+    seen, search, lock, flying = [], TorchEngine.search, threading.Lock(), [0, 0]  # now, most
 
     def recording(self, src, src_mask, **targets):
+        with lock:
+            flying[0] += 1
+            flying[1] = max(flying)
         seen.append((threading.current_thread().name, torch.get_num_threads(), src.size(0)))
-        return search(self, src, src_mask, **targets)
+        try:
+            time.sleep(0.05)
+            return search(self, src, src_mask, **targets)
+        finally:
+            with lock:
+                flying[0] -= 1
 
     monkeypatch.setattr(TorchEngine, "search", recording)
-    return seen
+    return seen, flying
 
 
 @pytest.mark.parametrize("flags, at_once, each", [((), 4, 1), (("--workers", "2"), 2, 2), (("--workers", "1"), 1, 4),
@@ -188,7 +198,7 @@ def test_translate_searches_batches_side_by_side_with_the_same_output(monkeypatc
               "--threads", "4", "--batch-tokens", "12"]
     code, alone, err = cli_in_process(monkeypatch, capsys, *common, "--workers", "1")
     assert code == 0, err
-    seen = searches_seen(monkeypatch)
+    seen, flying = searches_seen(monkeypatch)
     code, out, err = cli_in_process(monkeypatch, capsys, *common, *flags)
     assert code == 0, err
     assert out == alone and out.count("\n") == 12
@@ -197,9 +207,11 @@ def test_translate_searches_batches_side_by_side_with_the_same_output(monkeypatc
     if at_once == 1:
         assert names == {threading.current_thread().name}
     else:
-        assert names <= {f"nmtkit-search_{i}" for i in range(at_once)} and len(names) >= 1
+        assert names <= {f"nmtkit-search_{i}" for i in range(at_once)}
+    assert flying[1] == at_once  # as many searches at once as asked for, never more
     assert {threads for _, threads, _ in seen} == {each}  # the 4 threads shared among the batches at once
     assert torch.get_num_threads() == 4  # the caller's own count is untouched
+    assert not [t for t in threading.enumerate() if t.name.startswith("nmtkit-search")]  # the workers are gone
 
 
 @pytest.mark.parametrize("threads, workers, tasks, expected", [
@@ -219,22 +231,33 @@ def test_an_error_in_a_batch_searched_beside_others_reaches_the_caller():
             raise ValueError("batch 3 failed")
         return task * 10
 
+    started = []
+
+    def slow(task):
+        started.append(task)
+        time.sleep(0.02)
+        return run(task)
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        results = run_side_by_side(list(range(8)), run, 2)
+        results = run_side_by_side(list(range(40)), slow, 2)
         assert [next(results), next(results), next(results)] == [(0, 0), (1, 10), (2, 20)]
         with pytest.raises(ValueError, match="batch 3 failed"):
             next(results)
+        assert len(started) < 40  # what had not started when the error came never runs
+        assert not [t for t in threading.enumerate() if t.name.startswith("nmtkit-search")]
         assert list(run_side_by_side([1, 2], lambda task: task + 1, 2)) == [(1, 2), (2, 3)]
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("flags, message", [
-    (("--workers", "2", "--sample"), "--workers does not apply with --sample, which searches one batch at a time "
-                                     "(one random stream, drawn in order)"),
+    (("--workers", "2", "--sample"), "--workers applies to beam and greedy search: --sample searches one batch at a "
+                                     "time (one random stream, drawn in order)"),
     (("--workers", "2", "--compile"), "--workers does not apply with --compile, which searches one batch at a time"),
+    (("--workers", "2", "--stream"), "--workers does not apply with --stream, which translates each line alone"),
     (("--workers", "-1"), "--workers must be in [0, 4096], got -1")])
 def test_translate_refuses_workers_where_they_cannot_apply(monkeypatch, capsys, model_dir, tmp_path, flags, message):
     source = many_lines(tmp_path, 2)
@@ -258,10 +281,18 @@ def test_serve_searches_one_batch_at_a_time(monkeypatch, capsys, model_dir):
     assert (code, seen) == (2, [1]), err
 
 
-def test_workers_are_for_the_cpu_only(loaded_tiny):
-    """On a GPU one batch runs at a time (a given --workers is refused, before anything is placed
-    there); on a CPU the count is
-    the options', 0 meaning one per thread, and sampling or a compiled decoder take one."""
+def test_one_worker_is_accepted_wherever_batches_run_one_at_a_time(monkeypatch, capsys, model_dir, tmp_path):
+    source = many_lines(tmp_path, 3)
+    for flags in (("--sample", "--nbest", "2"), ("--stream",)):
+        code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), "-i", str(source),
+                                        "--device", "cpu", "--max-len-b", "4", "--workers", "1", *flags)
+        assert code == 0 and out.count("\n") == 3 * (2 if "--sample" in flags else 1), err
+
+
+def test_workers_are_for_the_cpu_only(loaded_tiny, monkeypatch):
+    """On a GPU one batch runs at a time (a given --workers is refused before any model loads); on a
+    CPU the count is the options', 0 meaning one per thread, and sampling or a compiled decoder take one."""
+    import nmtkit.decoding.torch_engine as torch_engine
     from nmtkit.decoding.options import TranslateOptions
     from nmtkit.decoding.torch_engine import TorchEngine
 
@@ -279,9 +310,12 @@ def test_workers_are_for_the_cpu_only(loaded_tiny):
         on_gpu = engine("cpu")
         on_gpu.device = torch.device("cuda")  # as an engine on a GPU holds it
         assert on_gpu.batch_workers == 1
-        with pytest.raises(ConfigError, match="--workers applies to decoding on a CPU: on meta batches are searched one "
-                                              "at a time"):
-            engine("meta", workers=2)
+        monkeypatch.setattr(torch_engine, "resolve_device", lambda name: torch.device("cuda"))
+        monkeypatch.setattr(torch_engine, "load_models", lambda *args: pytest.fail("a model loaded"))
+        assert torch_engine.placement(TranslateOptions(device="cuda", workers=1))[0].type == "cuda"
+        with pytest.raises(ConfigError, match="--workers applies to decoding on a CPU: on cuda batches are searched "
+                                              "one at a time"):
+            TorchEngine.open(["model"], TranslateOptions(device="cuda", workers=2))
     finally:
         torch.set_num_threads(before)
 

@@ -136,16 +136,30 @@ def test_greedy_drops_finished_sentences_once_they_are_a_share_of_the_batch():
 
 @torch.no_grad()
 @pytest.mark.parametrize("share", [0.0, 1.0])
-def test_greedy_outputs_do_not_depend_on_when_finished_sentences_leave(monkeypatch, share):
+@pytest.mark.parametrize("search", ["greedy", "sample", "greedy with attention and prefixes"])
+def test_outputs_do_not_depend_on_when_finished_sentences_leave(monkeypatch, share, search):
+    """Greedy keeps ended rows for a while, with the same results; sampling draws for every row in the
+    batch, so it drops finished sentences at once whatever the share."""
     model = TinyModel(5).eval()
     src, mask = random_batch(9, batch=12)
-    settings = SearchSettings(**SETTINGS)
-    usual = greedy_search(model, src, mask, settings)
+    settings = SearchSettings(**SETTINGS, need_attn="attention" in search, nbest=3 if search == "sample" else 1)
+    prefixes = [[7, 5][:i % 3] for i in range(12)] if "prefixes" in search else None
+
+    def run():
+        if search == "sample":
+            return sample(model, src, mask, settings)
+        return greedy_search(model, src, mask, settings, prefixes=prefixes)
+
+    usual = run()
     monkeypatch.setattr("nmtkit.decoding.search.COMPACT_SHARE", share)  # 0: at every finish; 1: never
-    other = greedy_search(model, src, mask, settings)
+    other = run()
     assert [[h.tokens for h in hyps] for hyps in other] == [[h.tokens for h in hyps] for hyps in usual]
     assert [h.score for hyps in other for h in hyps] == pytest.approx([h.score for hyps in usual for h in hyps],
                                                                        rel=1e-12)
+    if settings.need_attn:
+        for hyps, same in zip(other, usual):
+            assert torch.equal(hyps[0].attention, same[0].attention)
+            assert hyps[0].attention.shape[0] == len(hyps[0].tokens)
 
 
 def test_length_limit_follows_source_length():

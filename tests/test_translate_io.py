@@ -161,6 +161,8 @@ def test_the_progress_key_follows_input_models_settings_and_device(tmp_path, mod
                key(side=GuideFiles(prefix=write_lines(tmp_path / "p", ["a", ""]))),
                key(side=GuideFiles(constraints=write_lines(tmp_path / "c", ["[]", "[]"])))]
     assert len(set(changed + [key()])) == len(changed) + 1
+    # counts that never change a translation: a rerun with fewer threads or batches at once goes on
+    assert key(threads=1) == key(threads=3) == key(workers=1) == key(workers=4) == key()
 
 
 def test_sampling_seeds_are_per_chunk_and_something_in_the_way_is_refused(tmp_path, model_dir):

@@ -4,12 +4,14 @@ One decoder step is many small operations (a few hundred rows through 256-wide l
 over a short cache, a top-k): PyTorch's intra-op threads split each one and wait for the slowest
 part, so a second thread on the same batch adds little. Two batches searched side by side, one
 thread each, keep both cores busy instead. On 2 cores (Zen 4, bf16, the quickstart model, 1,000
-test verses) beam 4 went from 53-57 to 71 sentences/s and greedy from 120-141 to 145-175
-(docs/performance.md, "Batches side by side"), with the same translations: every row of a batch
+test verses) beam 4 went from 50-56 to 73-77 sentences/s and greedy from 150-161 to 162-190
+(benchmarks/RESULTS.md, "Batches side by side"), with the same translations: every row of a batch
 is computed alone, whatever the batch and the thread count (``models/prepack.py``).
 
 CTranslate2 offers the same as ``inter_threads``; its ``intra_threads`` is PyTorch's thread count.
-Each batch holds its own search state, so memory grows with the number searched at once.
+Each batch holds its own search state, so memory grows with the number searched at once. A stop
+(Ctrl-C, SIGTERM) reaches the calling thread; the batches already running finish first (seconds),
+those not started are dropped.
 """
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ def run_side_by_side(tasks: Sequence[Task], run: Callable[[Task], Result], worke
         for task in tasks:
             yield task, run(task)
         return
-    # PyTorch's thread count is per thread: each worker sets its own, the caller's stays as it was
+    # PyTorch's thread count is per thread: each worker sets its own; setting it also changes the
+    # count new threads start with, which the caller's own count, set again at the end, restores
+    threads = torch.get_num_threads()
     pool = ThreadPoolExecutor(at_once, thread_name_prefix="nmtkit-search", initializer=torch.set_num_threads,
                               initargs=(each,))
     try:
@@ -48,3 +52,4 @@ def run_side_by_side(tasks: Sequence[Task], run: Callable[[Task], Result], worke
             yield task, result
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(threads)

@@ -39,10 +39,12 @@ from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
-# sequential_search drops finished sentences only once they are over this share of its batch: each
-# drop copies every cache, and an ended row that stays costs one row of compute per step while its
-# output stays fixed (EOS fed, nothing added). Greedy, quickstart model, 300 lines: dropping at every
-# finish 123-130 sent/s, at 0.1 155-164, at 0.25 145-164, at 0.5 134-145 (docs/performance.md).
+# greedy search drops finished sentences only once they are over this share of its batch: each drop
+# copies every cache, and an ended row that stays costs one row of compute per step while its output
+# stays fixed (EOS fed, nothing added). Greedy, bf16, quickstart model, 300 test lines, 2 threads, one
+# process (not a committed benchmark): dropping at every finish 123-130 sent/s, at 0.1 155-164, at 0.25
+# 145-164, at 0.5 134-145. Where a row's values depend on its batch (int8's per-batch scales) the rows
+# kept are one more part of that batch.
 COMPACT_SHARE = 0.1
 DEFAULT = SearchSettings()  # its defaults are DecodeConfig's and TranslateOptions' (decoding/options.py)
 
@@ -315,10 +317,12 @@ def _sentences_done(finished: _Finished, sent: Tensor, scores: Tensor, limits: T
 @torch.inference_mode()
 def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Callable[[Tensor], Tensor],
                       rows_per_sentence: int, settings: SearchSettings,
-                      prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+                      prefixes: Optional[Sequence[Sequence[int]]] = None,
+                      compact_share: float = 0.0) -> list[list[Hypothesis]]:
     """Extend each of ``rows_per_sentence`` rows per sentence by ``choose(lprobs [rows, V]) -> [rows]``
-    until EOS; no reordering. An ended row is fed EOS and changes nothing until its sentence leaves
-    the batch (``COMPACT_SHARE``). Greedy and sampling are this loop with different choices
+    until EOS; no reordering. Finished sentences leave the batch once they are over ``compact_share``
+    of it (``COMPACT_SHARE``); until then their rows are fed EOS and change nothing. Sampling keeps 0,
+    since ``choose`` draws for every row. Greedy and sampling are this loop with different choices
     (``settings``: lenpen, length limits, need_attn; its beam and sampling fields are not read)."""
     batch, src_len = src.shape
     per, device, need_attn = rows_per_sentence, src.device, settings.need_attn
@@ -350,7 +354,7 @@ def sequential_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, choose: Cal
         if finished_now == done.numel():
             break
         prev = token
-        if finished_now > COMPACT_SHARE * done.numel():
+        if finished_now > compact_share * done.numel():
             keep = (~done).nonzero().squeeze(1)
             rows = (keep[:, None] * per + torch.arange(per, device=device)).reshape(-1)
             enc, state = enc.select(keep), state.select(rows)
@@ -371,7 +375,8 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_mask: Tensor, settings: Searc
                   prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
     """The most likely piece at every step (identical tokens to beam_search with beam 1);
     ``settings.beam_size`` and ``nbest`` are not read."""
-    return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, settings, prefixes)
+    return sequential_search(model, src, src_mask, lambda lprobs: lprobs.argmax(1), 1, settings, prefixes,
+                             COMPACT_SHARE)
 
 
 def sampling_choice(generator: torch.Generator, topk: int = DEFAULT.topk, topp: float = DEFAULT.topp,

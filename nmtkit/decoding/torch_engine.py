@@ -42,8 +42,11 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def placement(options) -> tuple[torch.device, torch.dtype]:
-    """Where and in what type the options say to translate, resolved once per engine."""
+    """Where and in what type the options say to translate, resolved once per engine (before
+    any model loads: a --workers the device cannot use is refused here)."""
     device = resolve_device(options.device)
+    if options.workers > 1 and device.type != "cpu":
+        raise ConfigError(f"--workers applies to decoding on a CPU: on {device} batches are searched one at a time")
     return device, inference_dtype(options.dtype, device)
 
 
@@ -83,8 +86,6 @@ class TorchEngine:
                  description: str = "") -> None:
         self.model, self.src_vocab, self.tgt_vocab = model.eval(), src_vocab, tgt_vocab
         self.options, self.device, self.description = options, device, description
-        if options.workers > 1 and device.type != "cpu":
-            raise ConfigError(f"--workers applies to decoding on a CPU: on {device} batches are searched one at a time")
         self.max_positions = model.max_positions
         self.input_limit = input_limit(model)
         self.generator = torch.Generator(device=device)

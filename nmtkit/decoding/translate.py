@@ -82,7 +82,9 @@ class Translator:
             with torch.inference_mode():  # per thread: the call may run on a worker
                 return self.engine.search(src, src_mask, **batch_targets(targets, positions))
 
-        for positions, found in run_side_by_side(calls, search, self.engine.batch_workers):
+        # constrained calls are cut to fit the search-memory bound one at a time: never side by side
+        workers = 1 if any(pieces.values()) else self.engine.batch_workers
+        for positions, found in run_side_by_side(calls, search, workers):
             results.update(zip(positions, found))
             if progress is not None:
                 progress(len(positions))
