@@ -57,8 +57,8 @@ class Counting:
         self.lock = threading.Lock()  # batches may be searched on several threads at once
         translator.engine.search = self
 
-    def __call__(self, src, src_mask):
-        hyps = self.search(src, src_mask)
+    def __call__(self, *batch, **targets):
+        hyps = self.search(*batch, **targets)
         with self.lock:
             self.tokens += sum(len(h[0].tokens) for h in hyps)
         return hyps

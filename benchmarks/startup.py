@@ -64,9 +64,9 @@ def launch_to_first_line(argv: list[str], stdin: bytes | None) -> float:
     return seconds
 
 
-def first_line_records(args, translate: list[str], line: bytes) -> list[dict]:
+def first_line_records(args, translate: list[str], line: bytes, label: str = "") -> list[dict]:
     """Launch-to-first-line, piped and from a file, the two runs alternating so that a change in
-    the machine's load falls on both alike."""
+    the machine's load falls on both alike; ``label`` goes after the way in each row's name."""
     scratch = Path(tempfile.mkdtemp(prefix="nmtkit-bench-first-line-"))
     try:
         source = scratch / "line.txt"
@@ -81,7 +81,7 @@ def first_line_records(args, translate: list[str], line: bytes) -> list[dict]:
         shutil.rmtree(scratch, ignore_errors=True)
     shown = {"piped": "echo LINE | " + " ".join(["nmtkit", *translate[3:]]),
              "file": " ".join(["nmtkit", *translate[3:], "-i", "FILE"])}
-    return [{"what": f"launch to first line, {way}", "median_s": round(statistics.median(seconds[way]), 3),
+    return [{"what": f"launch to first line, {way}{label}", "median_s": round(statistics.median(seconds[way]), 3),
              "min_s": round(min(seconds[way]), 3), "repeats": args.repeats, "load_before": load_before,
              "command": shown[way]} for way in ways]
 
@@ -118,6 +118,9 @@ def main(argv=None) -> list[dict]:
             records.append(timed("first translation, ctranslate2 int8",
                                  [*nmtkit, "-q", "translate", "-m", ct2, "--engine", "ctranslate2", "--device",
                                   args.device, "--dtype", "int8"], args, line))
+            # the export as a user translates it: --engine auto picks CTranslate2, which runs without torch
+            records += first_line_records(args, [*nmtkit, "-q", "translate", "-m", ct2, "--device", args.device],
+                                          line, ", ctranslate2 export")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     common.write_results(Path(args.out), "startup", records, [

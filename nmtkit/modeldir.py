@@ -24,19 +24,20 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from nmtkit import __version__
 from nmtkit.config import DecodeConfig, ModelConfig, decode_config_from_dict, model_config_from_dict
 from nmtkit.data.mapped_vocab import load_vocabs, sibling_id_maps, vocab_files
 from nmtkit.data.vocab import Vocab
 from nmtkit.errors import CheckpointError, NmtkitError
-from nmtkit.models.base import Seq2Seq
-from nmtkit.models.build import build_model
 from nmtkit.storage.checksums import MANIFEST, verify, write_manifest
 from nmtkit.storage.files import UMASK, atomic_write_text, read_regular, replace_directory, sha256_file, temp_beside
+
+if TYPE_CHECKING:  # torch and the models load with the weights: reading a directory's metadata needs neither
+    import torch
+
+    from nmtkit.models.base import Seq2Seq
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 MODEL_FILES = (WEIGHTS, CONFIG)  # besides the SentencePiece model(s) that config.json names
@@ -262,6 +263,8 @@ def load_model_dir(model_dir: str | Path, device: str | torch.device = "cpu",
     model_cfg = model_config_from_meta(meta, model_dir / CONFIG)
     weights = read_model_weights(model_dir, meta)
     src_vocab, tgt_vocab = load_vocabs(model_dir, meta)
+    from nmtkit.models.build import build_model
+
     model = build_model(model_cfg, len(src_vocab), len(tgt_vocab), random_init=False)  # every weight loaded next
     load_weights(model, weights, model_dir / WEIGHTS)
     model.to(device).eval()

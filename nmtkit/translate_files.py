@@ -27,7 +27,6 @@ from nmtkit.decoding.guides import Guide, GuideFiles, guides_digest
 from nmtkit.decoding.translate import TranslateOptions, Translator, warn_truncated
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.modeldir import CONFIG, saved_decode
-from nmtkit.runtime.compiler import compile_decoder
 from nmtkit.runtime.threads import configure_threads
 from nmtkit.storage.checksums import MANIFEST
 from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
@@ -74,8 +73,9 @@ def resolve_options(model_dirs: Sequence[str | Path], flags: dict[str, Any], **s
     return TranslateOptions.from_decode(decode, **settings)
 
 
-def open_engine(model_dirs: Sequence[str], options: TranslateOptions):
-    """The search engine for ``model_dirs`` (``options.engine``, auto: from the directories)."""
+def open_engine(model_dirs: Sequence[str], options: TranslateOptions, threads: Optional[Callable[[], int]] = None):
+    """The search engine for ``model_dirs`` (``options.engine``, auto: from the directories);
+    ``threads`` chooses CTranslate2's (None: PyTorch's count, which the caller set)."""
     if resolve_engine(model_dirs, options.engine) == "ctranslate2":
         from nmtkit.ctranslate2.engine import CT2Engine
 
@@ -84,7 +84,7 @@ def open_engine(model_dirs: Sequence[str], options: TranslateOptions):
         if options.workers > 1:
             raise ConfigError("--workers applies to the torch engine: the CTranslate2 engine searches one batch at "
                               "a time on every thread")
-        return CT2Engine(model_dirs[0], options)
+        return CT2Engine(model_dirs[0], options, threads)
     from nmtkit.decoding.torch_engine import TorchEngine
 
     return TorchEngine.open(model_dirs, options)
@@ -105,12 +105,19 @@ def read_guides(model_dirs: Sequence[str], options: TranslateOptions, side: Guid
 
 def open_translator(model_dirs: Sequence[str], options: TranslateOptions, console) -> Translator:
     """The ``Translator`` of ``model_dirs`` under ``options`` (its decoder compiled on request),
-    on ``options.threads`` CPU threads (0: the cores other processes leave free)."""
-    configure_threads(options.threads, console, what="translating", option="--threads")
-    engine = open_engine(model_dirs, options)
-    if options.compile:
-        if not hasattr(engine, "model"):  # --engine auto chose ctranslate2 for an export
+    on ``options.threads`` CPU threads (0: the cores other processes leave free). The CTranslate2
+    engine runs without torch: a shell user's first line does not wait for it to import."""
+    if resolve_engine(model_dirs, options.engine) == "ctranslate2":
+        if options.compile:  # --engine auto chose ctranslate2 for an export
             raise ConfigError("--compile applies to the torch engine only, not to a CTranslate2 export")
+        engine = open_engine(model_dirs, options, lambda: configure_threads(
+            options.threads, console, what="translating", option="--threads", pytorch=False))
+    else:
+        configure_threads(options.threads, console, what="translating", option="--threads")
+        engine = open_engine(model_dirs, options)
+    if options.compile:
+        from nmtkit.runtime.compiler import compile_decoder
+
         engine.model = compile_decoder(engine.model, engine.device, console)
     console.detail(f"translating {engine.description}")
     return Translator(engine, options)

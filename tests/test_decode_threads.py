@@ -325,3 +325,55 @@ def loaded_tiny(model_dir):
     from nmtkit.modeldir import load_model_dir
 
     return load_model_dir(model_dir)
+
+
+def test_an_engine_with_its_own_pool_gets_the_free_cores_without_torch_threads_changing(monkeypatch, four_cores):
+    """CTranslate2's count is chosen as PyTorch's would be (the busy cores left to their owners),
+    while PyTorch's own pool is not touched."""
+    readers = load_of(monkeypatch, 1.0)
+    notes = Notes()
+    assert threads.configure_threads(0, notes, what="translating", option="--threads", pytorch=False) == 3
+    assert torch.get_num_threads() == 4 and readers == [threading.current_thread().name]
+    assert notes.lines == ["other processes keep 1.0 of 4 cores busy: translating with 3 thread(s) instead of 4 "
+                           "(--threads sets the number)"]
+    assert threads.configure_threads(2, notes, what="translating", option="--threads", pytorch=False) == 2
+
+
+def test_without_torch_the_default_follows_omp_num_threads_then_physical_cores(monkeypatch, tmp_path):
+    monkeypatch.delitem(__import__("sys").modules, "torch")  # as in a process that never imported it
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads.machine_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    # four logical CPUs, two hyperthreads on each of two cores; CPU 9 has no topology to read
+    for cpu, core in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    assert threads.physical_cores({0, 1, 2, 3}, str(tmp_path)) == 2
+    assert threads.physical_cores({0, 2, 9}, str(tmp_path)) == 2
+    assert threads.machine_threads() >= 1
+
+
+def test_translating_an_export_chooses_its_threads_after_reading_the_export(monkeypatch, capsys, four_cores,
+                                                                          model_dir, tmp_path):
+    """The export's threads follow the machine's load, chosen once its vocabularies are read."""
+    pytest.importorskip("ctranslate2")
+    import nmtkit.ctranslate2.engine as ct2_engine
+    from nmtkit.ctranslate2.export import export_ctranslate2
+
+    export = export_ctranslate2(model_dir, tmp_path / "ct2")
+    load_of(monkeypatch, 1.0)
+    seen, translator = [], ct2_engine.import_ctranslate2().Translator
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["intra_threads"])
+        return translator(*args, **kwargs)
+
+    monkeypatch.setattr(ct2_engine.import_ctranslate2(), "Translator", recording)
+    code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(export), "-i",
+                                    str(many_lines(tmp_path, 2)), "--max-len-b", "4")
+    assert code == 0 and out.count("\n") == 2, err
+    assert seen == [3]  # (CTranslate2 sets the OpenMP count it shares with torch in this process: not checked)
+    assert "translating with 3 thread(s) instead of 4" in " ".join(err.split())

@@ -345,3 +345,25 @@ def test_ensemble_of_one_model_decodes_like_the_model():
     for a, w in zip(alone, wrapped):
         assert [h.tokens for h in a] == [h.tokens for h in w]
         assert [h.score for h in a] == pytest.approx([h.score for h in w], rel=1e-5)
+
+
+def test_one_sentence_limit_without_torch_equals_the_batched_rule():
+    """The CTranslate2 engine's limit (pure Python, float32 as the tensors) is the search's."""
+    from nmtkit.decoding.hypothesis import output_limit
+    from nmtkit.decoding.search import output_limits
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(300):
+        batch, width = 6, int(torch.randint(1, 40, (1,), generator=gen))
+        src = torch.randint(0, 12, (batch, width), generator=gen)
+        src[:, -1] = torch.where(torch.rand(batch, generator=gen) < 0.5, EOS, src[:, -1])
+        mask = torch.rand(batch, width, generator=gen) < 0.9
+        src = torch.where(mask, src, PAD)
+        a = [0.0, 1.0, 1.2, 1.5, 0.7, 2.3][trial % 6]
+        b = int(torch.randint(0, 60, (1,), generator=gen))
+        positions = [None, 16, 64, 1024][trial % 4]
+        prefixes = torch.randint(0, 30, (batch,), generator=gen) if trial % 3 == 0 else None
+        batched = output_limits(src, mask, a, b, positions, prefixes).tolist()
+        alone = [output_limit(row[keep].tolist(), a, b, positions, 0 if prefixes is None else int(prefixes[i]))
+                 for i, (row, keep) in enumerate(zip(src, mask))]
+        assert alone == batched, (trial, a, b, positions)

@@ -47,3 +47,22 @@ def test_translate_with_nothing_to_say_imports_no_rich(model_dir, tmp_path, way)
                                b"" if way == "file" else source.read_bytes())
     assert "nmtkit.runtime.console" in modules  # the console was made
     assert sorted(m for m in modules if m.split(".")[0] == "rich") == []
+
+
+@pytest.mark.parametrize("way", ["piped", "file"])
+def test_translating_a_ctranslate2_export_never_imports_torch(model_dir, tmp_path, way):
+    """CTranslate2 runs without torch, so an export's first line does not wait for torch's import
+    (over a second of a shell user's start-up); only --alignments, read from tensors, brings it in."""
+    pytest.importorskip("ctranslate2")
+    from nmtkit.ctranslate2.export import export_ctranslate2
+
+    export = export_ctranslate2(model_dir, tmp_path / "ct2")
+    source = tmp_path / "line.txt"
+    source.write_bytes(b"the cat sat\n")
+    args = ["translate", "-m", str(export), "--device", "cpu", "--max-len-b", "4"]
+    modules = imported_modules([*args, "-i", str(source)] if way == "file" else args,
+                               b"" if way == "file" else source.read_bytes())
+    assert {"ctranslate2", "sentencepiece", "nmtkit.ctranslate2.engine"} <= modules
+    assert sorted(m for m in modules if m.split(".")[0] == "torch") == []
+    aligned = imported_modules([*args, "-i", str(source), "--alignments"], b"")
+    assert "torch" in aligned

@@ -29,14 +29,13 @@ import copy
 import json
 import os
 from pathlib import Path
-
-import torch
+from typing import Callable, Sequence, Union
 
 from nmtkit.config import ModelConfig
 from nmtkit.ctranslate2.export import META, import_ctranslate2
 from nmtkit.data.mapped_vocab import load_vocabs
 from nmtkit.data.vocab import Vocab
-from nmtkit.decoding.search import Hypothesis, length_penalty, output_limits
+from nmtkit.decoding.hypothesis import Hypothesis, length_penalty, output_limit
 from nmtkit.errors import CheckpointError, ConfigError
 from nmtkit.storage.files import read_regular
 from nmtkit.modeldir import plain_name, read_json
@@ -111,6 +110,13 @@ def ct2_device(name: str) -> tuple[str, int]:
     return kind, int(index or 0)
 
 
+def torch_threads() -> int:
+    """PyTorch's CPU thread count (what ``configure_threads`` set), for callers that run torch too."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 class CT2Engine:
     """An exported model searched by CTranslate2: the engine ``Translator`` takes (see
     ``decoding/torch_engine.py`` for what an engine offers)."""
@@ -118,7 +124,9 @@ class CT2Engine:
     constrained_search = False  # see NO_CONSTRAINTS
     batch_workers = 1  # one batch at a time, on every thread (intra_threads)
 
-    def __init__(self, model_dir: str | Path, options) -> None:
+    def __init__(self, model_dir: str | Path, options, threads: Union[int, Callable[[], int], None] = None) -> None:
+        """``threads``: CTranslate2's intra_threads, or what chooses them, called only once the
+        vocabularies are read (None: PyTorch's count, for a caller that set it)."""
         meta = read_export_meta(model_dir)
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
@@ -127,10 +135,11 @@ class CT2Engine:
         device, index = ct2_device(options.device)
         self.src_vocab, self.tgt_vocab = load_vocabs(model_dir, meta)
         check_vocabularies(model_dir, self.src_vocab, self.tgt_vocab)
+        threads = threads() if callable(threads) else threads
         try:
             self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
                                               compute_type=COMPUTE_TYPES[options.dtype],
-                                              intra_threads=torch.get_num_threads())
+                                              intra_threads=threads if threads is not None else torch_threads())
         except (RuntimeError, ValueError, OSError) as err:  # a damaged model.bin, config or vocabulary
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({first})") from None
@@ -138,7 +147,6 @@ class CT2Engine:
         configured = meta.get("model", {}).get("max_positions") if isinstance(meta.get("model"), dict) else None
         self.input_limit = self.max_positions or (configured if isinstance(configured, int) and configured > 0
                                                   else ModelConfig().max_positions)  # see torch_engine.input_limit
-        self.device = torch.device("cpu")  # where Translator pads the source ids
         self.description = f"with CTranslate2 {ctranslate2.__version__} on {device}, compute type {self.ct2.compute_type}"
         self.never = [self.tgt_vocab.pieces([PAD]), self.tgt_vocab.pieces([BOS])]  # as our search
         if options.sample:
@@ -167,15 +175,18 @@ class CT2Engine:
         """Restart sampling from ``seed`` (CTranslate2 keeps one generator per process)."""
         import_ctranslate2().set_random_seed(seed)
 
-    def search(self, src, src_mask, prefixes=None, constraints=None) -> list[list[Hypothesis]]:
-        """Hypotheses per sentence; ``prefixes`` (pieces per sentence) become CTranslate2's
-        ``target_prefix``; lexical ``constraints`` it has no search for."""
+    def batch(self, sources: Sequence[Sequence[int]]) -> tuple[list[list[int]]]:
+        """What ``search`` takes: the source ids as they are (no tensors, no torch)."""
+        return ([list(ids) for ids in sources],)
+
+    def search(self, ids: list[list[int]], prefixes=None, constraints=None) -> list[list[Hypothesis]]:
+        """Hypotheses per sentence of source ids; ``prefixes`` (pieces per sentence) become
+        CTranslate2's ``target_prefix``; lexical ``constraints`` it has no search for."""
         if constraints is not None:
             raise ConfigError(NO_CONSTRAINTS)
         o = self.options
-        prefix_lengths = None if prefixes is None else torch.tensor([len(p) for p in prefixes])
-        limits = output_limits(src, src_mask, o.max_len_a, o.max_len_b, self.max_positions, prefix_lengths).tolist()
-        ids = [row[mask].tolist() for row, mask in zip(src, src_mask)]
+        limits = [output_limit(seq, o.max_len_a, o.max_len_b, self.max_positions,
+                               0 if prefixes is None else len(prefixes[b])) for b, seq in enumerate(ids)]
         if max(limits) == 0:
             return [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         per = o.nbest if o.sample else 1  # CTranslate2 samples one hypothesis per input: repeat inputs
@@ -212,6 +223,8 @@ class CT2Engine:
             tokens = tokens[:-1]
         tokens = tokens[:limit]
         attention = None
-        if self.options.alignments:
+        if self.options.alignments:  # alignments are read from tensors (decoding/alignment.py): torch only then
+            import torch
+
             attention = torch.tensor(result.attention[k], dtype=torch.float32)[:len(tokens), :src_len]
         return Hypothesis(tokens, logprob / length_penalty(len(tokens), self.options.lenpen), logprob, attention)

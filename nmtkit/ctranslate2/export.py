@@ -37,7 +37,6 @@ from typing import Optional
 from nmtkit.data.mapped_vocab import vocab_files
 from nmtkit.errors import ConfigError, NmtkitError
 from nmtkit.modeldir import load_model_dir
-from nmtkit.models.positions import ROPE_BASE
 from nmtkit.storage.checksums import MANIFEST, write_manifest
 from nmtkit.storage.files import atomic_write_text, read_regular, replace_directory, temp_beside
 
@@ -111,6 +110,8 @@ def _empty_spec(cfg):
     shared = dict(pre_norm=cfg.pre_norm, activation=activation, ffn_glu=cfg.ffn == "swiglu",
                   rms_norm=cfg.norm == "rmsnorm")
     if cfg.positions == "rope":  # ROPE_BASE and the half-split pairing of positions.rotate
+        from nmtkit.models.positions import ROPE_BASE  # torch: exporting loads the model anyway
+
         shared.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROPE_BASE)  # 0: every head dimension
     encoder = transformer_spec.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **shared)
     if cfg.positions == "rope":

@@ -1,6 +1,7 @@
 """Decoding: search over the model contract and the translation front end.
 
-    search.py        beam_search, greedy_search, sample; Hypothesis; length penalty; target prefixes
+    search.py        beam_search, greedy_search, sample; target prefixes
+    hypothesis.py    Hypothesis, length penalty, one sentence's length limit (no torch: CTranslate2 runs without it)
     constraints.py   LexicalConstraints: constrained beam search (dynamic beam allocation)
     guides.py        Guide (a line's prefix and constraints), their files, pieces and output text
     ensemble.py      EnsembleModel: several models behind the same contract

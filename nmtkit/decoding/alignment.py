@@ -12,9 +12,10 @@ symbols into a space and a combining mark).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def piece_pairs(attention: Optional[Tensor], src_pieces: int) -> list[tuple[int, int]]:

@@ -6,12 +6,13 @@ count decoder rows: a sentence of n pieces under a beam of k costs n * k tokens.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Sequence
 
 from nmtkit.specials import PAD
+
+if TYPE_CHECKING:  # torch is imported by pad_sources only: the CTranslate2 engine translates without it
+    import torch
+    from torch import Tensor
 
 
 def token_batches(lengths: Sequence[int], budget: int, rows_per_sentence: int = 1) -> list[list[int]]:
@@ -34,6 +35,8 @@ def token_batches(lengths: Sequence[int], budget: int, rows_per_sentence: int = 
 
 def pad_sources(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """Right-padded [B, S] long ids and their [B, S] bool mask (True on real pieces)."""
+    import torch
+
     width = max(1, max(len(s) for s in seqs))
     src = torch.full((len(seqs), width), PAD, dtype=torch.long)
     for row, seq in enumerate(seqs):

@@ -18,8 +18,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence, TypeVar
 
-import torch
-
 Task = TypeVar("Task")
 Result = TypeVar("Result")
 
@@ -37,14 +35,19 @@ def run_side_by_side(tasks: Sequence[Task], run: Callable[[Task], Result], worke
     threads PyTorch has now (``split_threads``); one at a time on the calling thread when that
     is all there is to do. An error in any task is raised here, and tasks not started then are
     dropped."""
-    at_once, each = split_threads(torch.get_num_threads(), workers, len(tasks))
+    if workers > 1 and len(tasks) > 1:  # torch only then: the CTranslate2 engine translates without it
+        import torch
+
+        threads = torch.get_num_threads()
+        at_once, each = split_threads(threads, workers, len(tasks))
+    else:
+        at_once = 1
     if at_once == 1:
         for task in tasks:
             yield task, run(task)
         return
     # PyTorch's thread count is per thread: each worker sets its own; setting it also changes the
     # count new threads start with, which the caller's own count, set again at the end, restores
-    threads = torch.get_num_threads()
     pool = ThreadPoolExecutor(at_once, thread_name_prefix="nmtkit-search", initializer=torch.set_num_threads,
                               initargs=(each,))
     try:

@@ -27,13 +27,13 @@ where it is shorter. Lexical constraints (``constraints``, beam search only): se
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from nmtkit.decoding.constraints import LexicalConstraints
+from nmtkit.decoding.hypothesis import Hypothesis, length_penalty
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.models.base import Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
@@ -49,25 +49,11 @@ COMPACT_SHARE = 0.1
 DEFAULT = SearchSettings()  # its defaults are DecodeConfig's and TranslateOptions' (decoding/options.py)
 
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # output pieces, without BOS/EOS
-    score: float  # logprob / lp(len(tokens)): what hypotheses are ranked by
-    logprob: float  # sum of log-probabilities, EOS included
-    attention: Optional[Tensor] = None  # [len(tokens), source positions], when asked for
-
-
-def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
-    """GNMT length normaliser ((5 + L) / 6) ** alpha (1 when alpha is 0), for an int or a tensor."""
-    if isinstance(length, Tensor):
-        return (((5.0 + length.double()) / 6.0) ** alpha).float()  # as the int path, then rounded
-    return ((5.0 + length) / 6.0) ** alpha
-
-
 def output_limits(src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int,
                   max_positions: Optional[int], prefix_lengths: Optional[Tensor] = None) -> Tensor:
     """[B] longest output (pieces, EOS excluded) per sentence: a * |x| + b, at least the
-    sentence's prefix (``prefix_lengths`` [B]), within max_positions."""
+    sentence's prefix (``prefix_lengths`` [B]), within max_positions (one sentence without torch:
+    ``hypothesis.output_limit``)."""
     src_pieces = (src_mask & src.gt(EOS)).sum(1).float()  # real pieces, not specials
     limits = torch.floor(src_pieces * max_len_a + max_len_b).long().clamp(min=0)
     if prefix_lengths is not None:

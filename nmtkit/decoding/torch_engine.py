@@ -2,10 +2,11 @@
 on the options' device and dtype, searched with ``search.py``.
 
 An engine is what ``Translator`` needs besides its options: ``src_vocab``, ``tgt_vocab``,
-``max_positions`` (longer inputs are truncated), ``device`` (where source ids are padded),
-``description`` (one line for the console), ``batch_workers`` (search calls that may run at once,
-on threads of their own), ``search(src, src_mask)`` (with ``prefixes=``
-and ``constraints=`` per sentence when a batch has them), ``constrained_search`` (whether it
+``max_positions`` (longer inputs are truncated), ``description`` (one line for the console),
+``batch_workers`` (search calls that may run at once, on threads of their own), ``batch(sources)``
+(a batch of source ids as its ``search`` takes them: here padded tensors on the device; the
+CTranslate2 engine takes the ids as they are, and needs no torch), ``search(*batch)`` (with
+``prefixes=`` and ``constraints=`` per sentence when a batch has them), ``constrained_search`` (whether it
 takes constraints), ``with_options(options)`` (the same loaded model under other decode
 settings, for a server whose requests choose them) and ``reseed(seed)`` (sampling restarted:
 each chunk of a file samples from a seed of its own). The CTranslate2 engine
@@ -18,6 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from nmtkit.decoding.batching import pad_sources
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import Hypothesis, beam_search, greedy_search, sample
@@ -143,10 +145,15 @@ class TorchEngine:
         """Restart sampling from ``seed`` (per chunk of a file, so a resumed run samples alike)."""
         self.generator.manual_seed(seed)
 
+    def batch(self, sources: Sequence[Sequence[int]]) -> tuple:
+        """What ``search`` takes for these source ids: right-padded ids and their mask on the device."""
+        return pad_sources(sources, self.device)
+
     def search(self, src, src_mask, **targets) -> list[list[Hypothesis]]:
         """Hypotheses per sentence; ``targets``: ``prefixes`` and/or ``constraints`` per sentence
         (pieces; see ``search.py``), given only when some sentence of the batch has them."""
-        return self.bound_search(self.model, src, src_mask, **targets)
+        with torch.inference_mode():  # per thread: the call may run on a worker (parallel.py)
+            return self.bound_search(self.model, src, src_mask, **targets)
 
 
 def bind_search(o, generator: torch.Generator) -> Callable[..., list[list[Hypothesis]]]:

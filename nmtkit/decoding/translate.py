@@ -12,17 +12,14 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-import torch
-
 from nmtkit.data.vocab import with_tag
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
-from nmtkit.decoding.batching import pad_sources, token_batches
+from nmtkit.decoding.batching import token_batches
 from nmtkit.decoding.cost import check_search_cost, estimate_search_bytes, split_by_cost
 from nmtkit.decoding.guides import Guide, prefixed_text, target_ids
+from nmtkit.decoding.hypothesis import Hypothesis
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.parallel import run_side_by_side
-from nmtkit.decoding.search import Hypothesis
-from nmtkit.decoding.torch_engine import TorchEngine
 from nmtkit.errors import ConfigError
 
 # characters that would split an output line for some reader (tab separates fields)
@@ -78,9 +75,8 @@ class Translator:
                 split_by_cost(positions, lambda group: self.search_cost(group, sources, pieces), pieces.__getitem__)
 
         def search(positions: list[int]) -> list[list[Hypothesis]]:
-            src, src_mask = pad_sources([sources[i] for i in positions], self.engine.device)
-            with torch.inference_mode():  # per thread: the call may run on a worker
-                return self.engine.search(src, src_mask, **batch_targets(targets, positions))
+            batch = self.engine.batch([sources[i] for i in positions])
+            return self.engine.search(*batch, **batch_targets(targets, positions))
 
         # constrained calls are cut to fit the search-memory bound one at a time: never side by side
         workers = 1 if any(pieces.values()) else self.engine.batch_workers
@@ -201,6 +197,8 @@ def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: Tran
                     console=None) -> list[str]:
     """Translate ``lines`` in memory with loaded models (``nmtkit.modeldir.LoadedModel``);
     one string per line, in order. Warns on ``console`` if lines were truncated."""
+    from nmtkit.decoding.torch_engine import TorchEngine
+
     options.validate()
     translator = Translator(TorchEngine.from_loaded(loaded_models, options), options)
     out = translator.translate(lines)

@@ -12,7 +12,9 @@ free ones (at least one); on an idle machine it keeps PyTorch's default. A count
 The half second need not delay a command: ``start_reading`` takes it in a background thread
 while the command imports torch and loads its model, and the next ``configure_threads`` uses
 that reading. torch is imported only inside the functions that need it, so the CLI can start
-the reading before torch loads.
+the reading before torch loads. A CTranslate2 export needs no torch: its engine reads its
+vocabularies meanwhile and waits for what is left of the half second only when it creates its
+translator (``configure_threads(..., pytorch=False)``).
 
 The OpenMP wait policy (``OMP_WAIT_POLICY=passive``: idle threads sleep instead of spinning)
 cannot be chosen here: libgomp reads it once, when torch loads, so it belongs in the
@@ -21,10 +23,12 @@ environment of the command (benchmarks/busy_machine.py measures both knobs).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Iterable, Optional
 
 SAMPLE_SECONDS = 0.5
 READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
@@ -143,10 +147,37 @@ def pytorch_default() -> int:
     return _pool.default
 
 
-def choose_threads(setting: int, what: str = "training", option: str = "train.threads") -> tuple[int, Optional[str]]:
-    """(threads to use, a note saying why when auto chose fewer than PyTorch's default);
-    ``what`` and ``option`` name the work and the setting in the note."""
-    default = pytorch_default()
+def physical_cores(cpus: Iterable[int], sysfs: str = "/sys/devices/system/cpu") -> int:
+    """How many physical cores ``cpus`` (logical CPU numbers) span: two hyperthreads of one core
+    count once (a CPU whose topology cannot be read counts as a core of its own)."""
+    cores = set()
+    for cpu in cpus:
+        topology = Path(sysfs) / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def machine_threads() -> int:
+    """PyTorch's default thread count, found without importing torch (for an engine with a pool
+    of its own, CTranslate2): the pool's count where torch is loaded already, else a positive
+    ``OMP_NUM_THREADS``, else one thread per physical core this process may run on."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].get_num_threads()
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp)
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return physical_cores(cpus)
+
+
+def choose_threads(setting: int, what: str = "training", option: str = "train.threads",
+                   default: Optional[int] = None) -> tuple[int, Optional[str]]:
+    """(threads to use, a note saying why when auto chose fewer than the default: PyTorch's,
+    unless ``default`` is given); ``what`` and ``option`` name the work and the setting in the note."""
+    default = pytorch_default() if default is None else default
     if setting > 0:
         return setting, None
     if default <= 1 or not _auto_possible():
@@ -163,8 +194,16 @@ def choose_threads(setting: int, what: str = "training", option: str = "train.th
                      f"thread(s) instead of {default} ({option} sets the number)")
 
 
-def configure_threads(setting: int, console, what: str = "training", option: str = "train.threads") -> int:
-    """Apply ``setting`` (0: auto, see above) to PyTorch's CPU pool; returns the count."""
+def configure_threads(setting: int, console, what: str = "training", option: str = "train.threads",
+                      pytorch: bool = True) -> int:
+    """Apply ``setting`` (0: auto, see above) to PyTorch's CPU pool; returns the count. With
+    ``pytorch`` False only the count is chosen (``machine_threads`` standing for PyTorch's default),
+    for an engine with a pool of its own (CTranslate2), and torch is not imported."""
+    if not pytorch:
+        threads, note = choose_threads(setting, what, option, default=machine_threads())
+        if note:
+            console.info(note)
+        return threads
     import torch
 
     threads, note = choose_threads(setting, what, option)

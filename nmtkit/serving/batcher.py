@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from nmtkit.decoding.guides import Guide
 from nmtkit.decoding.options import TranslateOptions
-from nmtkit.decoding.search import Hypothesis
+from nmtkit.decoding.hypothesis import Hypothesis
 from nmtkit.decoding.translate import Translator
 from nmtkit.serving.admission import SearchShape
 from nmtkit.serving.metrics import Metrics

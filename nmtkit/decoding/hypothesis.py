@@ -1,0 +1,36 @@
+"""What every search returns, and the two rules every engine shares: the GNMT length penalty
+and the output length limit. No torch here: the CTranslate2 engine translates without it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from nmtkit.specials import EOS
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output pieces, without BOS/EOS
+    score: float  # logprob / lp(len(tokens)): what hypotheses are ranked by
+    logprob: float  # sum of log-probabilities, EOS included
+    attention: Optional[Any] = None  # a tensor [len(tokens), source positions], when asked for
+
+
+def length_penalty(length, alpha: float):
+    """GNMT length normaliser ((5 + L) / 6) ** alpha (1 when alpha is 0), for an int or a tensor
+    (computed in float64 as the int path, then rounded to float32)."""
+    if hasattr(length, "double"):  # a tensor
+        return (((5.0 + length.double()) / 6.0) ** alpha).float()
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def output_limit(source: list[int], max_len_a: float, max_len_b: int, max_positions: Optional[int],
+                 prefix_length: int = 0) -> int:
+    """The longest output of one sentence (pieces, EOS excluded): a * |x| + b over its real
+    source pieces (specials not counted), at least its prefix, within max_positions. In float32, as
+    ``search.output_limits`` computes it for a batch of tensors, so both give the same limit."""
+    pieces = np.float32(sum(1 for piece in source if piece > EOS))
+    limit = max(int(np.floor(pieces * np.float32(max_len_a) + np.float32(max_len_b))), 0, prefix_length)
+    return limit if max_positions is None else min(limit, max_positions - 1)
