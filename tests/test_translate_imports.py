@@ -63,6 +63,6 @@ def test_translating_a_ctranslate2_export_never_imports_torch(model_dir, tmp_pat
     modules = imported_modules([*args, "-i", str(source)] if way == "file" else args,
                                b"" if way == "file" else source.read_bytes())
     assert {"ctranslate2", "sentencepiece", "nmtkit.ctranslate2.engine"} <= modules
-    assert sorted(m for m in modules if m.split(".")[0] == "torch") == []
+    assert sorted(m for m in modules if m.split(".")[0] in ("torch", "numpy")) == []  # numpy: 0.1 s more
     aligned = imported_modules([*args, "-i", str(source), "--alignments"], b"")
     assert "torch" in aligned

@@ -2,10 +2,10 @@
 and the output length limit. No torch here: the CTranslate2 engine translates without it."""
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Optional
-
-import numpy as np
 
 from nmtkit.specials import EOS
 
@@ -31,6 +31,13 @@ def output_limit(source: list[int], max_len_a: float, max_len_b: int, max_positi
     """The longest output of one sentence (pieces, EOS excluded): a * |x| + b over its real
     source pieces (specials not counted), at least its prefix, within max_positions. In float32, as
     ``search.output_limits`` computes it for a batch of tensors, so both give the same limit."""
-    pieces = np.float32(sum(1 for piece in source if piece > EOS))
-    limit = max(int(np.floor(pieces * np.float32(max_len_a) + np.float32(max_len_b))), 0, prefix_length)
+    pieces = float(sum(1 for piece in source if piece > EOS))  # exact in float32 (< 2 ** 24)
+    limit = math.floor(_f32(_f32(pieces * _f32(max_len_a)) + _f32(max_len_b)))
+    limit = max(limit, 0, prefix_length)
     return limit if max_positions is None else min(limit, max_positions - 1)
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32: a product or sum of float32 values is exact in float64 here, so
+    rounding it once gives the float32 operation's result."""
+    return struct.unpack("f", struct.pack("f", value))[0]
