@@ -359,8 +359,8 @@ def test_one_sentence_limit_without_torch_equals_the_batched_rule():
         src[:, -1] = torch.where(torch.rand(batch, generator=gen) < 0.5, EOS, src[:, -1])
         mask = torch.rand(batch, width, generator=gen) < 0.9
         src = torch.where(mask, src, PAD)
-        a = [0.0, 1.0, 1.2, 1.5, 0.7, 2.3][trial % 6]
-        b = int(torch.randint(0, 60, (1,), generator=gen))
+        a = [0.0, 1.0, 1.2, 1.5, 0.7, 2.3, 100.0, 1e-9, 0.1, 33.3][trial % 10]  # decode.max_len_a: [0, 100]
+        b = int(torch.randint(0, 60, (1,), generator=gen)) if trial % 4 else [0, 9_999, 10_000, 4_097][trial % 16 // 4]
         positions = [None, 16, 64, 1024][trial % 4]
         prefixes = torch.randint(0, 30, (batch,), generator=gen) if trial % 3 == 0 else None
         batched = output_limits(src, mask, a, b, positions, prefixes).tolist()

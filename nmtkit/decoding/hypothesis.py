@@ -38,6 +38,7 @@ def output_limit(source: list[int], max_len_a: float, max_len_b: int, max_positi
 
 
 def _f32(value: float) -> float:
-    """``value`` rounded to float32: a product or sum of float32 values is exact in float64 here, so
-    rounding it once gives the float32 operation's result."""
+    """``value`` rounded to float32. A product of two float32 values is exact in float64, so rounding
+    it gives float32's product; a sum rounded to float64 and then to float32 is still float32's
+    correctly rounded sum (53 >= 2 * 24 + 2 bits)."""
     return struct.unpack("f", struct.pack("f", value))[0]
