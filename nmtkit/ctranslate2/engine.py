@@ -29,7 +29,7 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 from nmtkit.config import ModelConfig
 from nmtkit.ctranslate2.export import META, import_ctranslate2
@@ -110,13 +110,6 @@ def ct2_device(name: str) -> tuple[str, int]:
     return kind, int(index or 0)
 
 
-def torch_threads() -> int:
-    """PyTorch's CPU thread count (what ``configure_threads`` set), for callers that run torch too."""
-    import torch
-
-    return torch.get_num_threads()
-
-
 class CT2Engine:
     """An exported model searched by CTranslate2: the engine ``Translator`` takes (see
     ``decoding/torch_engine.py`` for what an engine offers)."""
@@ -124,9 +117,9 @@ class CT2Engine:
     constrained_search = False  # see NO_CONSTRAINTS
     batch_workers = 1  # one batch at a time, on every thread (intra_threads)
 
-    def __init__(self, model_dir: str | Path, options, threads: Union[int, Callable[[], int], None] = None) -> None:
-        """``threads``: CTranslate2's intra_threads, or what chooses them, called only once the
-        vocabularies are read (None: PyTorch's count, for a caller that set it)."""
+    def __init__(self, model_dir: str | Path, options, threads: Optional[Callable[[], int]] = None) -> None:
+        """``threads`` chooses CTranslate2's intra_threads, called only once the vocabularies are
+        read (None: PyTorch's count, for a caller that set it and runs torch anyway)."""
         meta = read_export_meta(model_dir)
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
@@ -135,11 +128,15 @@ class CT2Engine:
         device, index = ct2_device(options.device)
         self.src_vocab, self.tgt_vocab = load_vocabs(model_dir, meta)
         check_vocabularies(model_dir, self.src_vocab, self.tgt_vocab)
-        threads = threads() if callable(threads) else threads
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads
+        intra_threads = threads()
         try:
             self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
                                               compute_type=COMPUTE_TYPES[options.dtype],
-                                              intra_threads=threads if threads is not None else torch_threads())
+                                              intra_threads=intra_threads)
         except (RuntimeError, ValueError, OSError) as err:  # a damaged model.bin, config or vocabulary
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({first})") from None

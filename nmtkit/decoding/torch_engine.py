@@ -152,8 +152,7 @@ class TorchEngine:
     def search(self, src, src_mask, **targets) -> list[list[Hypothesis]]:
         """Hypotheses per sentence; ``targets``: ``prefixes`` and/or ``constraints`` per sentence
         (pieces; see ``search.py``), given only when some sentence of the batch has them."""
-        with torch.inference_mode():  # per thread: the call may run on a worker (parallel.py)
-            return self.bound_search(self.model, src, src_mask, **targets)
+        return self.bound_search(self.model, src, src_mask, **targets)  # each search enters inference mode itself
 
 
 def bind_search(o, generator: torch.Generator) -> Callable[..., list[list[Hypothesis]]]:
