@@ -68,6 +68,44 @@ def test_chunks_are_bounded_and_padding_never_reaches_the_output_layer(monkeypat
     assert shapes == [(5, 8), (5, 8), (2, 8)]  # 12 real targets of 21 positions, 5 rows (5 * V logits) a chunk
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_a_chunk_costs_one_float32_vocabulary_buffer_and_passes_only_where_the_loss_needs_them(monkeypatch, smoothing):
+    """On a CPU the log-probabilities overwrite the logits (same numbers), and without smoothing
+    the uniform part's mean and subtraction over [rows, V] are not computed at all."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 5 * V)
+    x = torch.randn(6, V) * 4
+    out = x.clone()
+    assert loss_module._log_softmax_(out, True).data_ptr() == out.data_ptr()
+    assert torch.equal(out, torch.log_softmax(x, dim=-1))
+    assert loss_module._log_softmax_(x, False).data_ptr() != x.data_ptr()
+
+    class Wide(TorchDispatchMode):  # the ops that make a new float32 [rows, V] tensor, by name
+        def __init__(self):
+            super().__init__()
+            self.made, self.in_place = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if isinstance(result, torch.Tensor) and result.dim() == 2 and result.size(1) == V:
+                self.made.append(name)
+            if name == "mean" and args[0].dim() == 2 and args[0].size(1) == V:
+                self.made.append("mean over the vocabulary")
+            if name == "log_softmax":
+                self.in_place.append(result.data_ptr() == args[0].data_ptr())
+            return result
+
+    layer = torch.nn.Linear(8, V, bias=False)
+    with Wide() as mode:
+        projected_smoothed_loss(torch.randn(3, 7, 8, requires_grad=True), layer, padded_targets(1), smoothing)
+    assert mode.in_place == [True, True, True]  # 12 real targets, 5 rows a chunk: 3 chunks
+    assert mode.made.count("log_softmax") == 3 and "_to_copy" not in mode.made  # no float32 copy: already float32
+    assert ("mean over the vocabulary" in mode.made) == bool(smoothing)
+    assert ("sub_" in mode.made) == bool(smoothing)
+
+
 def test_without_gradients_the_loss_is_the_same_and_nothing_is_saved(monkeypatch):
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 4 * V)
     torch.manual_seed(0)

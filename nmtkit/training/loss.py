@@ -98,16 +98,22 @@ def _chunked_loss(rows, weight, bias, target, smoothing: float, compute_dtype, w
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=rows.device) if with_grad else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=rows.device) if with_grad and bias is not None else None
     step = max(1, CHUNK_ELEMENTS // vocab)
+    in_place = rows.device.type == "cpu"  # one [rows, V] float32 buffer, not two: see _log_softmax_
     for start in range(0, rows.size(0), step):
         chunk, gold = rows_c[start:start + step], target[start:start + step]
-        lprobs = torch.log_softmax(torch.nn.functional.linear(chunk, weight_c, bias_c).float(), dim=-1)
+        lprobs = _log_softmax_(torch.nn.functional.linear(chunk, weight_c, bias_c).float(), in_place)
         nll_rows = -lprobs.gather(1, gold[:, None]).squeeze(1)
-        loss += ((1.0 - smoothing) * nll_rows - smoothing * lprobs.mean(dim=-1)).sum()
+        if smoothing:  # the uniform part's pass over the chunk only where it counts
+            loss += ((1.0 - smoothing) * nll_rows - smoothing * lprobs.mean(dim=-1)).sum()
+        else:
+            loss += nll_rows.sum()
         nll += nll_rows.sum()
         if not with_grad:
             continue
         # d loss / d logits = softmax - (1 - eps) onehot - eps / V, row by row
-        grad = lprobs.exp_().sub_(smoothing / vocab)
+        grad = lprobs.exp_()
+        if smoothing:
+            grad.sub_(smoothing / vocab)
         grad[torch.arange(len(gold), device=grad.device), gold] -= 1.0 - smoothing
         if grad_bias is not None:
             grad_bias += grad.sum(0)
@@ -118,6 +124,13 @@ def _chunked_loss(rows, weight, bias, target, smoothing: float, compute_dtype, w
         else:  # no mixed-dtype addmm: a [V, D] product per chunk, summed in float32
             grad_weight += grad_c.t() @ chunk
     return (loss, nll), (grad_rows, grad_weight, grad_bias)
+
+
+def _log_softmax_(logits: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """Log-softmax over the last dimension, written over ``logits`` where ``in_place``: the
+    logits are not needed afterwards, and on a CPU a second vocabulary-sized buffer cost a
+    chunk's worth of memory and of page traffic (the same numbers: it is the same kernel)."""
+    return torch.log_softmax(logits, dim=-1, out=logits) if in_place else torch.log_softmax(logits, dim=-1)
 
 
 def projected_smoothed_loss(hidden: torch.Tensor, output_proj: torch.nn.Linear, target: torch.Tensor,
