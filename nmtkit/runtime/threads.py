@@ -5,15 +5,15 @@ the last one. When another process keeps one of two cores busy, every region wai
 thread that shares that core: a quickstart training fell from ~5,500 to 470-850 target
 tokens/s (issue 20), and beam-4 decoding from 36 to 5 sentences/s, far below what one thread
 on the free core gives. So with 0 threads (auto: ``train.threads=0``, ``translate``/``serve
---threads 0``) nmtkit first measures, for half a second, how many of its cores other processes
+--threads 0``) nmtkit first measures, for a quarter of a second, how many of its cores other processes
 keep busy (niced ones only where nice takes effect: ``niced_work_yields``) and uses only the
 free ones (at least one); on an idle machine it keeps PyTorch's default. A count N, or ``OMP_NUM_THREADS``, is used as given.
 
-The half second need not delay a command: ``start_reading`` takes it in a background thread
+The quarter second need not delay a command: ``start_reading`` takes it in a background thread
 while the command imports torch and loads its model, and the next ``configure_threads`` uses
 that reading. torch is imported only inside the functions that need it, so the CLI can start
 the reading before torch loads. A CTranslate2 export needs no torch: its engine reads its
-vocabularies meanwhile and waits for what is left of the half second only when it creates its
+vocabularies meanwhile and waits for what is left of the quarter second only when it creates its
 translator (``configure_threads(..., pytorch=False)``).
 
 The OpenMP wait policy (``OMP_WAIT_POLICY=passive``: idle threads sleep instead of spinning)
@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-SAMPLE_SECONDS = 0.5
+# 25 clock ticks per CPU: one core kept busy by another process reads 0.95-1.06 cores, idle
+# ones 0.00-0.04, as the half second read them (2026-11-27); half the wait on an export's first line
+SAMPLE_SECONDS = 0.25
 READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
 
 
@@ -89,7 +91,7 @@ def _auto_possible() -> bool:
 
 class LoadReading:
     """``busy_cores_of_others`` taken in a daemon thread from now on, so the command's imports
-    and model load overlap the half second instead of waiting for it."""
+    and model load overlap the quarter second instead of waiting for it."""
 
     def __init__(self, cpus: set[int]):
         self.cpus, self.started = set(cpus), time.monotonic()
@@ -104,7 +106,7 @@ class LoadReading:
             self._busy = None
 
     def busy(self) -> Optional[float]:
-        """The reading, waiting for the rest of its half second if it is not done."""
+        """The reading, waiting for the rest of its quarter second if it is not done."""
         self._thread.join()
         return self._busy
 
