@@ -1,3 +1,3 @@
-from nmtkit.cli import main
+from nmtkit.cli import program
 
-main()
+program()

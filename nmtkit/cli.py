@@ -5,6 +5,7 @@ exit 1 for runtime failures, 2 for bad usage or bad input (``--debug`` shows tra
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -470,6 +471,19 @@ def main() -> None:
     finally:
         if ours:  # called in-process (tests, a script): leave the caller's default as it was
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def program() -> None:
+    """The ``nmtkit`` command itself (console script, ``python -m nmtkit``): ``main``, then every
+    object the garbage collector tracks frozen, so that the interpreter's exit does not collect
+    over them again and again: with torch imported that is ~167,000 objects and ~0.3 s of every
+    command's end (a one-line ``translate`` took 1.93-2.06 s, 1.66-1.73 s with this). Files nmtkit
+    writes are closed before ``main`` returns; stdout and stderr are flushed at exit as before.
+    In-process callers (tests, scripts) call ``main`` and keep their collector as it was."""
+    try:
+        main()
+    finally:
+        gc.freeze()
 
 
 def _run_app() -> None:

@@ -138,3 +138,44 @@ def test_a_joint_vocabulary_is_loaded_once_and_separate_ones_twice(saved_dir, tm
     separate = load_model_dir(save_model_dir(build_model(cfg, size, size), cfg, tmp_path / "two", tiny_spm, other))
     assert separate.src_vocab is not separate.tgt_vocab
     assert (separate.src_vocab.path.name, separate.tgt_vocab.path.name) == ("spm.model", "tgt.model")
+
+
+def test_the_nmtkit_program_freezes_the_collector_after_main_whatever_its_exit(monkeypatch, capsys):
+    """``program`` (the console script and ``python -m nmtkit``) runs ``main`` and then freezes the
+    garbage collector's objects, also when ``main`` exits through SystemExit, whose code it keeps;
+    ``main`` itself, which tests and scripts call in-process, leaves the collector alone."""
+    import gc
+    import sys
+
+    from nmtkit import cli
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(sys, "argv", ["nmtkit", "--version"])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code in (0, None) and frozen == []
+    with pytest.raises(SystemExit) as done:
+        cli.program()
+    assert done.value.code in (0, None) and frozen == [True]
+    monkeypatch.setattr(sys, "argv", ["nmtkit", "translate", "-m", "/nonexistent/model"])
+    with pytest.raises(SystemExit) as done:
+        cli.program()
+    assert done.value.code == 2 and frozen == [True, True]
+    assert "nmtkit: error:" in capsys.readouterr().err
+
+
+def test_the_console_script_and_python_m_run_the_program():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = (root / "pyproject.toml").read_text(encoding="utf-8").split("[project.scripts]")[1].split("[")[0]
+    assert re.findall(r"^(\S+) = \"(\S+)\"$", scripts, re.MULTILINE) == [("nmtkit", "nmtkit.cli:program")]
+    done = subprocess.run([sys.executable, "-c", "import gc, runpy, sys; sys.argv = ['nmtkit', '--version']\n"
+                           "try:\n    runpy.run_module('nmtkit', run_name='__main__')\n"
+                           "finally:\n    print(gc.get_freeze_count() > 1000, file=sys.stderr)"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0 and done.stdout.startswith("nmtkit ") and done.stderr.strip() == "True"
