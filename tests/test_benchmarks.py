@@ -39,6 +39,22 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     return work / "train" / "best", work / "prepared"
 
 
+def test_train_profile_times_the_trainers_matrix_products(trained, tmp_path):
+    import train_profile
+
+    _, data = trained
+    record = train_profile.main(["--work", str(data.parent), "--recipe", str(data.parent / "recipe.yaml"),
+                                 "--dtype", "float32", "--steps", "2", "--warmup", "1", "--threads", "1",
+                                 "--out", str(tmp_path)])
+    d_model = yaml.safe_load((data.parent / "recipe.yaml").read_text())["model"]["d_model"]
+    assert record["products"] and all(r["gflops"] > 0 and r["calls"] > 0 for r in record["products"])
+    assert any(d_model in r["a"] or d_model in r["b"] for r in record["products"])  # the layers' own widths
+    assert 0 < record["products_share_pct"] < 100 and record["tgt_tok_s_under_profiler"] > 0
+    assert record["ops"][0]["self_ms"] >= record["ops"][-1]["self_ms"]
+    assert "| product |" in (tmp_path / "train_profile.md").read_text()
+    assert not (data.parent / "train_profile").exists() and not list(data.parent.glob("train/step_*"))
+
+
 def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
     import decode_speed
     import startup

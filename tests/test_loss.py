@@ -68,6 +68,22 @@ def test_chunks_are_bounded_and_padding_never_reaches_the_output_layer(monkeypat
     assert shapes == [(5, 8), (5, 8), (2, 8)]  # 12 real targets of 21 positions, 5 rows (5 * V logits) a chunk
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_writing_the_log_probabilities_over_the_logits_changes_no_bit(monkeypatch, dtype, bias, smoothing):
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 5 * V)
+    rows, weight = torch.randn(12, 8) * 3, torch.randn(V, 8)
+    bias_ = torch.randn(V) if bias else None
+    target = torch.randint(4, V, (12,), generator=torch.Generator().manual_seed(2))
+    in_place = loss_module._chunked_loss(rows, weight, bias_, target, smoothing, dtype, True)
+    real = loss_module._log_softmax
+    monkeypatch.setattr(loss_module, "_log_softmax", lambda logits, _in_place: real(logits, False))
+    apart = loss_module._chunked_loss(rows, weight, bias_, target, smoothing, dtype, True)
+    for a, b in zip([*in_place[0], *in_place[1]], [*apart[0], *apart[1]]):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_a_chunk_costs_one_float32_vocabulary_buffer_and_passes_only_where_the_loss_needs_them(monkeypatch, smoothing):
     """On a CPU the log-probabilities overwrite the logits (same numbers), and without smoothing
@@ -77,9 +93,9 @@ def test_a_chunk_costs_one_float32_vocabulary_buffer_and_passes_only_where_the_l
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 5 * V)
     x = torch.randn(6, V) * 4
     out = x.clone()
-    assert loss_module._log_softmax_(out, True).data_ptr() == out.data_ptr()
+    assert loss_module._log_softmax(out, True).data_ptr() == out.data_ptr()
     assert torch.equal(out, torch.log_softmax(x, dim=-1))
-    assert loss_module._log_softmax_(x, False).data_ptr() != x.data_ptr()
+    assert loss_module._log_softmax(x, False).data_ptr() != x.data_ptr()
 
     class Wide(TorchDispatchMode):  # the ops that make a new float32 [rows, V] tensor, by name
         def __init__(self):

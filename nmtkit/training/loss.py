@@ -98,16 +98,17 @@ def _chunked_loss(rows, weight, bias, target, smoothing: float, compute_dtype, w
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=rows.device) if with_grad else None
     grad_bias = torch.zeros(vocab, dtype=torch.float32, device=rows.device) if with_grad and bias is not None else None
     step = max(1, CHUNK_ELEMENTS // vocab)
-    in_place = rows.device.type == "cpu"  # one [rows, V] float32 buffer, not two: see _log_softmax_
+    in_place = rows.device.type == "cpu"  # one [rows, V] float32 buffer, not two: see _log_softmax
     for start in range(0, rows.size(0), step):
         chunk, gold = rows_c[start:start + step], target[start:start + step]
-        lprobs = _log_softmax_(torch.nn.functional.linear(chunk, weight_c, bias_c).float(), in_place)
+        lprobs = _log_softmax(torch.nn.functional.linear(chunk, weight_c, bias_c).float(), in_place)
         nll_rows = -lprobs.gather(1, gold[:, None]).squeeze(1)
+        chunk_nll = nll_rows.sum()
+        nll += chunk_nll
         if smoothing:  # the uniform part's pass over the chunk only where it counts
             loss += ((1.0 - smoothing) * nll_rows - smoothing * lprobs.mean(dim=-1)).sum()
         else:
-            loss += nll_rows.sum()
-        nll += nll_rows.sum()
+            loss += chunk_nll
         if not with_grad:
             continue
         # d loss / d logits = softmax - (1 - eps) onehot - eps / V, row by row
@@ -126,10 +127,10 @@ def _chunked_loss(rows, weight, bias, target, smoothing: float, compute_dtype, w
     return (loss, nll), (grad_rows, grad_weight, grad_bias)
 
 
-def _log_softmax_(logits: torch.Tensor, in_place: bool) -> torch.Tensor:
-    """Log-softmax over the last dimension, written over ``logits`` where ``in_place``: the
-    logits are not needed afterwards, and on a CPU a second vocabulary-sized buffer cost a
-    chunk's worth of memory and of page traffic (the same numbers: it is the same kernel)."""
+def _log_softmax(logits: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """Log-softmax over the last dimension, written over ``logits`` where ``in_place`` (the CPU):
+    the logits are not needed afterwards, and a second vocabulary-sized float32 buffer cost a
+    chunk's worth of memory and of memory traffic. The same kernel, so the same numbers."""
     return torch.log_softmax(logits, dim=-1, out=logits) if in_place else torch.log_softmax(logits, dim=-1)
 
 
