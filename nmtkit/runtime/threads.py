@@ -5,9 +5,10 @@ the last one. When another process keeps one of two cores busy, every region wai
 thread that shares that core: a quickstart training fell from ~5,500 to 470-850 target
 tokens/s (issue 20), and beam-4 decoding from 36 to 5 sentences/s, far below what one thread
 on the free core gives. So with 0 threads (auto: ``train.threads=0``, ``translate``/``serve
---threads 0``) nmtkit first measures, for a quarter of a second, how many of its cores other processes
-keep busy (niced ones only where nice takes effect: ``niced_work_yields``) and uses only the
-free ones (at least one); on an idle machine it keeps PyTorch's default. A count N, or ``OMP_NUM_THREADS``, is used as given.
+--threads 0``) nmtkit first measures, for a quarter of a second, how many of its cores other
+processes keep busy (niced ones only where nice takes effect: ``niced_work_yields``) and uses
+only the free ones (at least one); on an idle machine it keeps PyTorch's default. A count N, or
+``OMP_NUM_THREADS``, is used as given.
 
 The quarter second need not delay a command: ``start_reading`` takes it in a background thread
 while the command imports torch and loads its model, and the next ``configure_threads`` uses
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-# 25 clock ticks per CPU: one core kept busy by another process reads 0.95-1.06 cores, idle
-# ones 0.00-0.04, as the half second read them (2026-11-27); half the wait on an export's first line
+# 25 clock ticks per CPU: a core another process keeps busy reads 1.00-1.02, an idle machine
+# 0.00-0.04, as over 0.5 s (benchmarks/results/busy_zen4_quarter/readings.txt); an export waits
+# for the reading before its first line
 SAMPLE_SECONDS = 0.25
 READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
 
