@@ -188,6 +188,30 @@ def transformer_flops(model: dict, vocab: int, src_len: float, tgt_len: float) -
             + model["decoder_layers"] * 2 * 2 * d * (tgt_len / 2 + src_len)}
 
 
+def operator_rows(prof, rows: int) -> list[dict]:
+    """The ``rows`` operators of a ``torch.profiler`` run with the most own (self) time, each with
+    its share of all operators' own time (from the unrounded times)."""
+    ops = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ops) or 1.0
+    ranked = sorted(ops, key=lambda e: -e.self_cpu_time_total)[:rows]
+    return [{"op": e.key, "self_ms": round(e.self_cpu_time_total / 1e3, 1), "calls": e.count,
+             "share_pct": round(100 * e.self_cpu_time_total / total, 2)} for e in ranked]
+
+
+def write_profile(out_dir: Optional[Path], name: str, record: dict, lines: list[str]) -> str:
+    """Print a profile's Markdown ``lines`` and, with ``out_dir``, write ``name``.json (``record``
+    and the machine) and ``name``.md; returns the Markdown."""
+    m = machine()
+    text = "\n".join([*lines, "", f"Machine: {m['cpu']}, {m['cores']} cores; torch {m['torch']}; commit "
+                       f"{m['commit']}; {m['date']}."]) + "\n"
+    print(text)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{name}.json").write_text(json.dumps({**record, "machine": m}, indent=1) + "\n", encoding="utf-8")
+        (out_dir / f"{name}.md").write_text(text, encoding="utf-8")
+    return text
+
+
 def write_results(out_dir: Path, name: str, records: list[dict], columns: Sequence[tuple[str, str]],
                   title: str, notes: Sequence[str] = ()) -> tuple[Path, Path]:
     """``name``.json (machine, records) and ``name``.md (a table of ``columns``: (key, header))."""

@@ -476,9 +476,10 @@ def main() -> None:
 def program() -> None:
     """The ``nmtkit`` command itself (console script, ``python -m nmtkit``): ``main``, then every
     object the garbage collector tracks frozen, so that the interpreter's exit does not collect
-    over them again and again: with torch imported that is ~167,000 objects and ~0.3 s of every
-    command's end (a one-line ``translate`` took 1.93-2.06 s, 1.66-1.73 s with this). Files nmtkit
-    writes are closed before ``main`` returns; stdout and stderr are flushed at exit as before.
+    over torch's objects again and again (a fifth of a second and more at the end of a command
+    that imported torch: benchmarks/RESULTS.md, "a quicker exit"). Objects in reference cycles are
+    then never finalized, so nmtkit closes what it writes before ``main`` returns and relies on no
+    ``__del__`` (tests/test_startup.py checks that); stdout and stderr are flushed at exit as before.
     In-process callers (tests, scripts) call ``main`` and keep their collector as it was."""
     try:
         main()

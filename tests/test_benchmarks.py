@@ -39,20 +39,40 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     return work / "train" / "best", work / "prepared"
 
 
-def test_train_profile_times_the_trainers_matrix_products(trained, tmp_path):
+def test_train_profile_times_the_trainers_matrix_products(trained, tmp_path, monkeypatch):
+    import tempfile
+
     import train_profile
 
+    assert train_profile.product_flops("aten::mm", [[3, 5], [5, 7]]) == ([3, 5], [5, 7], 2 * 3 * 5 * 7)
+    assert train_profile.product_flops("aten::addmm", [[7], [3, 5], [5, 7], [], []])[2] == 2 * 3 * 5 * 7
+    assert train_profile.product_flops("aten::bmm", [[4, 3, 5], [4, 5, 7]])[2] == 2 * 4 * 3 * 5 * 7
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     _, data = trained
     record = train_profile.main(["--work", str(data.parent), "--recipe", str(data.parent / "recipe.yaml"),
                                  "--dtype", "float32", "--steps", "2", "--warmup", "1", "--threads", "1",
-                                 "--out", str(tmp_path)])
+                                 "--out", str(tmp_path / "out")])
     d_model = yaml.safe_load((data.parent / "recipe.yaml").read_text())["model"]["d_model"]
     assert record["products"] and all(r["gflops"] > 0 and r["calls"] > 0 for r in record["products"])
     assert any(d_model in r["a"] or d_model in r["b"] for r in record["products"])  # the layers' own widths
     assert 0 < record["products_share_pct"] < 100 and record["tgt_tok_s_under_profiler"] > 0
-    assert record["ops"][0]["self_ms"] >= record["ops"][-1]["self_ms"]
-    assert "| product |" in (tmp_path / "train_profile.md").read_text()
-    assert not (data.parent / "train_profile").exists() and not list(data.parent.glob("train/step_*"))
+    assert "| product |" in (tmp_path / "out" / "train_profile.md").read_text()
+    assert list(scratch.glob("nmtkit-train-profile-*")) == []  # its run directory is gone
+
+
+def test_decode_profile_names_the_search_operators(trained, tmp_path):
+    import decode_profile
+
+    model, data = trained
+    record = decode_profile.main(["--model", str(model), "--source", str(data / "dev.src"), "--lines", "6",
+                                  "--beam", "2", "--dtype", "float32", "--rows", "500", "--out", str(tmp_path)])
+    names = [r["op"] for r in record["ops"]]
+    assert "aten::topk" in names and any("linear" in n or n in ("aten::addmm", "aten::mm") for n in names)
+    assert record["lines"] == 6 and record["sent_s_under_profiler"] > 0
+    assert 99.5 < sum(r["share_pct"] for r in record["ops"]) <= 100.5  # every operator, shares of the whole
+    assert "| aten::topk |" in (tmp_path / "decode_profile.md").read_text()
 
 
 def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):

@@ -142,27 +142,37 @@ def test_a_joint_vocabulary_is_loaded_once_and_separate_ones_twice(saved_dir, tm
 
 def test_the_nmtkit_program_freezes_the_collector_after_main_whatever_its_exit(monkeypatch, capsys):
     """``program`` (the console script and ``python -m nmtkit``) runs ``main`` and then freezes the
-    garbage collector's objects, also when ``main`` exits through SystemExit, whose code it keeps;
-    ``main`` itself, which tests and scripts call in-process, leaves the collector alone."""
+    garbage collector's objects, after ``main`` has put SIGTERM back and also when ``main`` exits
+    through SystemExit or an uncaught error, which it passes on; ``main`` itself, which tests and
+    scripts call in-process, leaves the collector alone."""
     import gc
+    import signal
     import sys
 
     from nmtkit import cli
 
     frozen = []
-    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL))
     monkeypatch.setattr(sys, "argv", ["nmtkit", "--version"])
     with pytest.raises(SystemExit) as done:
         cli.main()
     assert done.value.code in (0, None) and frozen == []
     with pytest.raises(SystemExit) as done:
         cli.program()
-    assert done.value.code in (0, None) and frozen == [True]
+    assert done.value.code in (0, None) and frozen == [True]  # after main: its SIGTERM handler is gone
     monkeypatch.setattr(sys, "argv", ["nmtkit", "translate", "-m", "/nonexistent/model"])
     with pytest.raises(SystemExit) as done:
         cli.program()
     assert done.value.code == 2 and frozen == [True, True]
     assert "nmtkit: error:" in capsys.readouterr().err
+
+    def crash():
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "_run_app", crash)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.program()
+    assert frozen == [True, True, True]
 
 
 def test_the_console_script_and_python_m_run_the_program():
@@ -176,6 +186,20 @@ def test_the_console_script_and_python_m_run_the_program():
     assert re.findall(r"^(\S+) = \"(\S+)\"$", scripts, re.MULTILINE) == [("nmtkit", "nmtkit.cli:program")]
     done = subprocess.run([sys.executable, "-c", "import gc, runpy, sys; sys.argv = ['nmtkit', '--version']\n"
                            "try:\n    runpy.run_module('nmtkit', run_name='__main__')\n"
-                           "finally:\n    print(gc.get_freeze_count() > 1000, file=sys.stderr)"],
+                           "finally:\n    print('frozen:', gc.get_freeze_count() > 1000, file=sys.stderr)"],
                           capture_output=True, text=True, timeout=120, cwd=root)
-    assert done.returncode == 0 and done.stdout.startswith("nmtkit ") and done.stderr.strip() == "True"
+    assert done.returncode == 0 and done.stdout.startswith("nmtkit ")
+    assert "frozen: True" in done.stderr.splitlines()
+
+
+def test_no_nmtkit_class_relies_on_being_finalized():
+    """The program freezes the collector at exit (``cli.program``): an object in a reference cycle
+    is then never finalized, so no ``__del__`` may flush, write or delete anything."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "nmtkit"
+    found = [f"{path.relative_to(package)}:{node.lineno}" for path in sorted(package.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.FunctionDef) and node.name == "__del__"]
+    assert found == []

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-# 25 clock ticks per CPU: a core another process keeps busy reads 1.00-1.02, an idle machine
-# 0.00-0.04, as over 0.5 s (benchmarks/results/busy_zen4_quarter/readings.txt); an export waits
-# for the reading before its first line
+# 25 clock ticks per CPU: a core another process keeps busy read 1.00-1.02 (1.00-1.03 over 0.5 s),
+# an idle machine 0.00-0.04 (0.00-0.02), each rounding to the same count
+# (benchmarks/results/busy_zen4_quarter/readings.txt); an export waits for the reading
 SAMPLE_SECONDS = 0.25
 READING_MAX_AGE_S = 30.0  # an early reading older than this says little about the load now: measured again
 
