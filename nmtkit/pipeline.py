@@ -131,6 +131,7 @@ def run_recipe(cfg: Config, console) -> dict:
     """Run every step of the recipe and return the results dict."""
     from nmtkit.data.ids import prepared_file
     from nmtkit.data.prepare import prepare
+    from nmtkit.runtime.allocator import hand_back_freed_memory
     from nmtkit.scoring.report import score_all
     from nmtkit.training.trainer import train
 
@@ -140,6 +141,7 @@ def run_recipe(cfg: Config, console) -> dict:
     prepare(cfg, console)
     console.rule("[bold]2/4 train")
     train(cfg, console)
+    hand_back_freed_memory()  # training's kept blocks: the search threads cannot reuse them (runtime/allocator.py)
     work = WorkDir.of(cfg)
     run_dir = work.run.path
     console.rule("[bold]3/4 translate")

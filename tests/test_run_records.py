@@ -185,6 +185,23 @@ def test_another_test_set_of_as_many_lines_is_translated_anew(finished, tmp_path
     assert "test: translated 6 sentences" in err and "dev: translations up to date" in err, err
 
 
+def test_run_hands_trainings_freed_memory_back_before_it_translates(finished, tmp_path, monkeypatch, capsys):
+    """Training's freed heap goes back to the kernel before translation starts (the search threads
+    could not reuse it: runtime/allocator.py), after training, also when training had finished."""
+    from nmtkit import pipeline
+    from nmtkit.runtime import allocator
+    from nmtkit.training import trainer
+
+    work, recipe = copy_work(finished, tmp_path)
+    order = []
+    for module, name in ((trainer, "train"), (allocator, "hand_back_freed_memory"), (pipeline, "choose_model")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: (order.append(_name), _real(*a, **k))[1])
+    code, err = cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0, err
+    assert order == ["train", "hand_back_freed_memory", "choose_model"]
+
+
 # --- the recipe and the sweep file themselves ------------------------------------------------------
 
 def loader_verdict(load, path: Path) -> tuple[int, str]:

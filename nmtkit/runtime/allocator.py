@@ -53,6 +53,19 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
+def hand_back_freed_memory() -> bool:
+    """Return the heap's free pages to the kernel (glibc's ``malloc_trim``) once a stage that
+    freed much is over; True if any went back. ``nmtkit run`` translates after training in the
+    same process, and its search threads allocate from glibc arenas of their own, which cannot
+    reuse the main arena's freed training blocks: the run's peak was training's heap plus the
+    translation's (benchmarks/RESULTS.md). Nothing where glibc is not the allocator."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return bool(trim(0))
+
+
 def bound_kernel_caches() -> list[str]:
     """Give each cache of compiled matmul kernels ``KERNEL_CACHE_ENTRIES`` entries unless the
     user chose its capacity (under any of its names); the variables it set."""
