@@ -141,7 +141,7 @@ def run_recipe(cfg: Config, console) -> dict:
     prepare(cfg, console)
     console.rule("[bold]2/4 train")
     train(cfg, console)
-    hand_back_freed_memory()  # training's kept blocks: the search threads cannot reuse them (runtime/allocator.py)
+    hand_back_freed_memory()  # training's kept blocks, which the search threads do not reuse (runtime/allocator.py)
     work = WorkDir.of(cfg)
     run_dir = work.run.path
     console.rule("[bold]3/4 translate")

@@ -25,19 +25,27 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def page_faults(mode: str) -> int:
+def run_probe(code: str, *args: str) -> str:
+    """``code`` in a fresh interpreter with no allocator choice of the user's in its environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "NMTKIT_MALLOC")}
-    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env=env, check=True)
-    return int(done.stdout.strip())
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def glibc_or_skip() -> None:
+    from nmtkit.runtime.allocator import _glibc
+
+    if _glibc() is None:
+        pytest.skip("glibc only")
+
+
+def page_faults(mode: str) -> int:
+    return int(run_probe(PROBE, mode).strip())
 
 
 def test_large_blocks_are_reused_without_page_faults():
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).gnu_get_libc_version
-    except (OSError, AttributeError):
-        pytest.skip("glibc only")
+    glibc_or_skip()
     untuned, tuned = page_faults("untuned"), page_faults("tuned")
     assert untuned > 150_000  # 5 steps of 156 MB = 190k pages of 4 KiB, each faulted in again
     assert tuned * 4 < untuned  # freed blocks reused (15-30k measured: a few still come fresh)
@@ -46,9 +54,10 @@ def test_large_blocks_are_reused_without_page_faults():
 TRIM_PROBE = """
 import sys, torch
 from nmtkit.runtime.allocator import hand_back_freed_memory, keep_freed_memory, resident_mib
+assert hand_back_freed_memory() is False  # malloc not tuned yet: nothing to hand back, nothing done
 assert keep_freed_memory()
 base = resident_mib()
-blocks = [torch.ones(4_000_000) for _ in range(25)]  # 400 MB, touched
+blocks = [torch.ones(4_000_000) for _ in range(25)]  # 381 MiB, touched
 del blocks
 kept = resident_mib()
 released = hand_back_freed_memory()
@@ -57,18 +66,21 @@ print(round(kept - base), round(resident_mib() - base), released)
 
 
 def test_freed_memory_kept_for_reuse_goes_back_to_the_kernel_when_asked():
-    """What ``nmtkit run`` does between training and translating: the tuned heap keeps 400 MB of
-    freed tensors resident until ``hand_back_freed_memory``, which returns it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        pytest.skip("glibc only")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "NMTKIT_MALLOC")}
-    done = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, env=env, check=True)
-    kept, after, released = done.stdout.split()
+    """What ``nmtkit run`` does between training and translating: the tuned heap keeps 381 MiB of
+    freed tensors resident until ``hand_back_freed_memory``, which returns them; untuned, the
+    call does nothing."""
+    glibc_or_skip()
+    kept, after, released = run_probe(TRIM_PROBE).split()
     assert int(kept) > 350 and int(after) < 50 and released == "True"
+
+
+@pytest.mark.parametrize("variable", [("MALLOC_TRIM_THRESHOLD_", "1000000"), ("NMTKIT_MALLOC", "system")])
+def test_a_users_allocator_choice_is_not_trimmed_either(monkeypatch, variable):
+    from nmtkit.runtime import allocator
+
+    monkeypatch.setenv(*variable)
+    monkeypatch.setattr(allocator, "_tuned", False)
+    assert allocator.keep_freed_memory() is False and allocator.hand_back_freed_memory() is False
 
 
 @pytest.mark.parametrize("variable", [("MALLOC_ARENA_MAX", "2"), ("LD_PRELOAD", "libjemalloc.so.2"),

@@ -194,12 +194,21 @@ def test_run_hands_trainings_freed_memory_back_before_it_translates(finished, tm
 
     work, recipe = copy_work(finished, tmp_path)
     order = []
+
+    def logged(name, real):
+        def call(*args, **kwargs):
+            order.append(f"{name} starts")
+            result = real(*args, **kwargs)
+            order.append(f"{name} ends")
+            return result
+        return call
+
     for module, name in ((trainer, "train"), (allocator, "hand_back_freed_memory"), (pipeline, "choose_model")):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: (order.append(_name), _real(*a, **k))[1])
+        monkeypatch.setattr(module, name, logged(name, getattr(module, name)))
     code, err = cli(monkeypatch, capsys, "run", str(recipe))
     assert code == 0, err
-    assert order == ["train", "hand_back_freed_memory", "choose_model"]
+    assert order == ["train starts", "train ends", "hand_back_freed_memory starts", "hand_back_freed_memory ends",
+                     "choose_model starts", "choose_model ends"]
 
 
 # --- the recipe and the sweep file themselves ------------------------------------------------------

@@ -8,7 +8,8 @@ of page faults: 12% of the CPU time of a quickstart run went to the kernel. Serv
 from the heap and never trimming it made CPU training ~20% faster; peak memory grew 8% for the
 Transformer quickstart and doubled for the LSTM one, whose varied tensor sizes fragment the heap
 (benchmarks/RESULTS.md). The CLI calls this once at start (``NMTKIT_MALLOC=system`` opts out);
-as a library, nmtkit leaves the allocator of its host program alone.
+as a library, nmtkit leaves the allocator of its host program alone. Where it tuned malloc,
+``nmtkit run`` hands the kept blocks back once training is over (``hand_back_freed_memory``).
 
 The caches of compiled matmul kernels are bounded. bf16 matmuls run through oneDNN, which
 JIT-compiles a kernel per matrix shape and keeps it twice over: in oneDNN's own primitive cache
@@ -39,31 +40,43 @@ KERNEL_CACHES = (("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPAC
                  ("LRU_CACHE_CAPACITY",))  # ideep's, in PyTorch
 
 
+def _glibc():
+    """The C library if it is glibc (other C libraries have other knobs), else None."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
+_tuned = False  # True once keep_freed_memory tuned this process's malloc
+
+
 def keep_freed_memory() -> bool:
     """Tune glibc malloc as above; True if it did. Does nothing where the user chose an
     allocator (LD_PRELOAD, MALLOC_* variables), where ``NMTKIT_MALLOC=system``, or off glibc."""
     if os.environ.get("NMTKIT_MALLOC") == "system" or os.environ.get("LD_PRELOAD") or \
             any(key.startswith("MALLOC_") for key in os.environ):
         return False
-    try:
-        libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # glibc only: other C libraries have other knobs # noqa: B018
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    global _tuned
+    _tuned = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    return _tuned
 
 
 def hand_back_freed_memory() -> bool:
-    """Return the heap's free pages to the kernel (glibc's ``malloc_trim``) once a stage that
-    freed much is over; True if any went back. ``nmtkit run`` translates after training in the
-    same process, and its search threads allocate from glibc arenas of their own, which cannot
-    reuse the main arena's freed training blocks: the run's peak was training's heap plus the
-    translation's (benchmarks/RESULTS.md). Nothing where glibc is not the allocator."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(trim(0))
+    """Where ``keep_freed_memory`` tuned malloc: return the heap's free pages to the kernel
+    (glibc's ``malloc_trim``) once a stage that freed much is over; True if any went back.
+    ``nmtkit run`` translates after training in the same process, and its search threads
+    allocate from glibc arenas of their own, which apparently cannot reuse the main arena's kept
+    training blocks: the run's peak was training's heap plus the translation's
+    (benchmarks/RESULTS.md, "The quickstart end to end"). Nothing otherwise: the user's own
+    allocator settings, and nmtkit as a library, are left alone."""
+    libc = _glibc() if _tuned else None
+    return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 def bound_kernel_caches() -> list[str]:
