@@ -36,15 +36,12 @@ def main(argv=None) -> dict:
     bound_kernel_caches()
     from torch.profiler import ProfilerActivity, profile
 
+    from nmtkit.runtime.console import get_console
     from nmtkit.translate_files import open_translator, resolve_options
-
-    class Quiet:
-        def __getattr__(self, _name):
-            return lambda *_, **__: None
 
     options = resolve_options([args.model], {"beam_size": args.beam}, device="cpu", engine="torch",
                               threads=args.threads, dtype=args.dtype, workers=args.workers)
-    translator = open_translator([args.model], options, Quiet())
+    translator = open_translator([args.model], options, get_console(-1))
     with open(args.source, encoding="utf-8") as handle:
         lines = [line.rstrip("\n") for _, line in zip(range(args.lines), handle)]
     translator.translate(lines)  # warm-up: kernels, caches and packed weights as a long run has them

@@ -55,6 +55,7 @@ def profile_updates(work: Path, recipe: Path, dtype_name: str, threads: int, war
     from torch.profiler import ProfilerActivity, profile
 
     from nmtkit.config.loading import load_config
+    from nmtkit.runtime.console import get_console
     from nmtkit.runtime.device import resolve_dtype
     from nmtkit.training import trainer as training
 
@@ -67,11 +68,7 @@ def profile_updates(work: Path, recipe: Path, dtype_name: str, threads: int, war
     torch.manual_seed(cfg.train.seed)
     model = training.build_model(cfg.model, len(src_vocab), len(tgt_vocab))
 
-    class Quiet:
-        def __getattr__(self, _name):
-            return lambda *_, **__: None
-
-    trainer = training.Trainer(cfg, Quiet(), model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab,
+    trainer = training.Trainer(cfg, get_console(-1), model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab,
                                scratch / "train")
     updates = trainer._updates()
     for _ in range(warmup):
