@@ -293,3 +293,45 @@ def test_learns_reversal(attention):
                 break
     print(f"{attention}: {accuracy:.3f} exact match after {step} steps, {time.monotonic() - start:.1f}s")
     assert accuracy > 0.9
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_trains_and_decodes_under_cpu_bf16_autocast(cell):
+    """train.dtype bf16 on a CPU: every cell runs forward, backward and a decoder step under
+    autocast, also where oneDNN has no bf16 LSTM kernels (a Zen 3: there the RNN runs in float32)."""
+    model = tiny_model(cell=cell).train()
+    src, src_mask, tgt_in = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, src_mask, tgt_in).float()
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_in.roll(-1, 1).flatten(), ignore_index=PAD)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all()
+                                        for p in model.parameters() if p.requires_grad)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        enc = model.encode(src, src_mask)
+        logits, _ = model.decode_step(tgt_in[:, 0], enc, model.init_state(enc))
+    assert logits.shape == (3, V) and torch.isfinite(logits).all()
+
+
+def test_an_rnn_autocast_cannot_run_runs_in_float32(monkeypatch):
+    """Where the probe says the cell cannot run under CPU autocast, ``_run`` gives exactly what the
+    float32 cell gives outside autocast, for packed inputs and (h, c) states."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from nmtkit.models import rnn
+
+    monkeypatch.setattr(rnn, "_autocast_runs", lambda kind, dtype: False)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 8, num_layers=2, batch_first=True)
+    x, h, c = torch.randn(3, 5, 8), torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    packed = pack_padded_sequence(x, torch.tensor([5, 2, 4]), batch_first=True, enforce_sorted=False)
+    want_packed, (want_h, _) = lstm(packed)
+    want_out, (_, want_c) = lstm(x, (h, c))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got_packed, (got_h, _) = rnn._run(lstm, packed)
+        got_out, (_, got_c) = rnn._run(lstm, x.bfloat16(), (h.bfloat16(), c))
+    assert got_packed.data.dtype == torch.float32 and torch.equal(got_packed.data, want_packed.data)
+    assert torch.equal(got_h, want_h)
+    # bf16-rounded inputs, run in float32: close to the float32 call, not bf16-coarse
+    assert got_out.dtype == torch.float32 and torch.allclose(got_out, want_out, atol=0.03)
+    assert torch.allclose(got_c, want_c, atol=0.03)
