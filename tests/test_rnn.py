@@ -335,3 +335,16 @@ def test_an_rnn_autocast_cannot_run_runs_in_float32(monkeypatch):
     # bf16-rounded inputs, run in float32: close to the float32 call, not bf16-coarse
     assert got_out.dtype == torch.float32 and torch.allclose(got_out, want_out, atol=0.03)
     assert torch.allclose(got_c, want_c, atol=0.03)
+
+
+def test_the_autocast_probe_leaves_the_random_stream_alone():
+    """The probe builds a cell with random weights; a training run's next random numbers (dropout,
+    sampling) must not depend on whether the probe ran first (exact resume)."""
+    from nmtkit.models import rnn
+
+    rnn._autocast_runs.cache_clear()
+    torch.manual_seed(5)
+    rnn._autocast_runs(torch.nn.LSTM, torch.bfloat16)
+    after_probe = torch.rand(4)
+    torch.manual_seed(5)
+    assert torch.equal(after_probe, torch.rand(4))

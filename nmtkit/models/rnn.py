@@ -56,8 +56,10 @@ class RNNState(Selectable):
 def _autocast_runs(kind: type, dtype: torch.dtype) -> bool:
     """Whether a CPU ``kind`` (nn.LSTM, nn.GRU, nn.RNN) runs under CPU autocast to ``dtype``: one
     tiny call. PyTorch sends an autocast LSTM to oneDNN, which has no bf16 or fp16 LSTM kernels on
-    CPUs without AVX-512 (a Zen 3) and raises instead of computing."""
-    probe = kind(4, 4, batch_first=True)
+    CPUs without AVX-512 (a Zen 3) and raises instead of computing. The probe's random weights
+    come from a forked generator, so training's random stream (and exact resume) is untouched."""
+    with torch.random.fork_rng(devices=[]):
+        probe = kind(4, 4, batch_first=True)
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
             probe(torch.zeros(1, 2, 4))
