@@ -295,32 +295,44 @@ def test_learns_reversal(attention):
     assert accuracy > 0.9
 
 
+@pytest.mark.parametrize("fallback", [False, True], ids=["as-probed", "float32-cells"])
 @pytest.mark.parametrize("cell", CELLS)
-def test_trains_and_decodes_under_cpu_bf16_autocast(cell):
-    """train.dtype bf16 on a CPU: every cell runs forward, backward and a decoder step under
-    autocast, also where oneDNN has no bf16 LSTM kernels (a Zen 3: there the RNN runs in float32)."""
+def test_trains_and_decodes_under_cpu_bf16_autocast(cell, fallback, monkeypatch):
+    """train.dtype bf16 on a CPU: every cell runs forward, backward and decoder steps under
+    autocast, close to float32, also where the cells must run in float32 (an LSTM on a CPU
+    without oneDNN's bf16 kernels; forced here with ``fallback`` on any CPU)."""
+    from nmtkit.models import rnn
+
+    if fallback:
+        monkeypatch.setattr(rnn, "autocast_runs", lambda module_class, dtype, training: False)
     model = tiny_model(cell=cell).train()
     src, src_mask, tgt_in = batch()
+    want = model(src, src_mask, tgt_in).detach()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(src, src_mask, tgt_in).float()
         loss = F.cross_entropy(logits.flatten(0, 1), tgt_in.roll(-1, 1).flatten(), ignore_index=PAD)
+    torch.testing.assert_close(logits.detach(), want, atol=0.1, rtol=0.05)
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all()
                                         for p in model.parameters() if p.requires_grad)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    model.eval()
+    with torch.no_grad():
         enc = model.encode(src, src_mask)
-        logits, _ = model.decode_step(tgt_in[:, 0], enc, model.init_state(enc))
-    assert logits.shape == (3, V) and torch.isfinite(logits).all()
+        want = step_all(model, enc, model.init_state(enc), tgt_in)[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            enc = model.encode(src, src_mask)
+            got = step_all(model, enc, model.init_state(enc), tgt_in)[0]
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.05)
 
 
 def test_an_rnn_autocast_cannot_run_runs_in_float32(monkeypatch):
-    """Where the probe says the cell cannot run under CPU autocast, ``_run`` gives exactly what the
+    """Where the probe says the cell cannot run under CPU autocast, ``_call_rnn`` gives exactly what the
     float32 cell gives outside autocast, for packed inputs and (h, c) states."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
     from nmtkit.models import rnn
 
-    monkeypatch.setattr(rnn, "_autocast_runs", lambda kind, dtype: False)
+    monkeypatch.setattr(rnn, "autocast_runs", lambda module_class, dtype, training: False)
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(8, 8, num_layers=2, batch_first=True)
     x, h, c = torch.randn(3, 5, 8), torch.randn(2, 3, 8), torch.randn(2, 3, 8)
@@ -328,23 +340,24 @@ def test_an_rnn_autocast_cannot_run_runs_in_float32(monkeypatch):
     want_packed, (want_h, _) = lstm(packed)
     want_out, (_, want_c) = lstm(x, (h, c))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got_packed, (got_h, _) = rnn._run(lstm, packed)
-        got_out, (_, got_c) = rnn._run(lstm, x.bfloat16(), (h.bfloat16(), c))
+        got_packed, (got_h, _) = rnn._call_rnn(lstm, packed)
+        got_out, (_, got_c) = rnn._call_rnn(lstm, x.bfloat16(), (h.bfloat16(), c))
     assert got_packed.data.dtype == torch.float32 and torch.equal(got_packed.data, want_packed.data)
     assert torch.equal(got_h, want_h)
-    # bf16-rounded inputs, run in float32: close to the float32 call, not bf16-coarse
-    assert got_out.dtype == torch.float32 and torch.allclose(got_out, want_out, atol=0.03)
-    assert torch.allclose(got_c, want_c, atol=0.03)
+    # bf16 inputs, run in float32: exactly the float32 cell on the bf16-rounded values
+    want_out, (_, want_c) = lstm(x.bfloat16().float(), (h.bfloat16().float(), c))
+    assert got_out.dtype == got_c.dtype == torch.float32
+    assert torch.equal(got_out, want_out) and torch.equal(got_c, want_c)
 
 
 def test_the_autocast_probe_leaves_the_random_stream_alone():
     """The probe builds a cell with random weights; a training run's next random numbers (dropout,
     sampling) must not depend on whether the probe ran first (exact resume)."""
-    from nmtkit.models import rnn
+    from nmtkit.runtime.device import autocast_runs
 
-    rnn._autocast_runs.cache_clear()
+    autocast_runs.cache_clear()
     torch.manual_seed(5)
-    rnn._autocast_runs(torch.nn.LSTM, torch.bfloat16)
+    autocast_runs(torch.nn.LSTM, torch.bfloat16, True)
     after_probe = torch.rand(4)
     torch.manual_seed(5)
     assert torch.equal(after_probe, torch.rand(4))

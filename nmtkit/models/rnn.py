@@ -21,7 +21,6 @@ token (where the forward encoder ends).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional
 
 import torch
@@ -31,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmtkit.config import ModelConfig
 from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq, group_beams
+from nmtkit.runtime.device import autocast_runs
 from nmtkit.specials import PAD
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
@@ -52,37 +52,20 @@ class RNNState(Selectable):
     attn: Optional[Tensor] = None  # [rows, S] attention of the last step when asked for
 
 
-@functools.lru_cache(maxsize=None)
-def _autocast_runs(kind: type, dtype: torch.dtype) -> bool:
-    """Whether a CPU ``kind`` (nn.LSTM, nn.GRU, nn.RNN) runs under CPU autocast to ``dtype``: one
-    tiny call. PyTorch sends an autocast LSTM to oneDNN, which has no bf16 or fp16 LSTM kernels on
-    CPUs without AVX-512 (a Zen 3) and raises instead of computing. The probe's random weights
-    come from a forked generator, so training's random stream (and exact resume) is untouched."""
-    with torch.random.fork_rng(devices=[]):
-        probe = kind(4, 4, batch_first=True)
-    try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
-            probe(torch.zeros(1, 2, 4))
-    except RuntimeError:
-        return False
-    return True
-
-
-def _run(rnn: nn.RNNBase, inputs, hx=None):
-    """``rnn(inputs, hx)``; under CPU autocast where that cannot run (``_autocast_runs``), in
-    float32 outside autocast: the rest of the model keeps the autocast dtype."""
-    dtype = torch.get_autocast_dtype("cpu")
-    if rnn.weight_ih_l0.device.type != "cpu" or not torch.is_autocast_enabled("cpu") or \
-            _autocast_runs(type(rnn), dtype):
+def _call_rnn(rnn: nn.RNNBase, inputs, hx=None):
+    """``rnn(inputs, hx)``; under CPU autocast where this cell cannot run (``autocast_runs``: an
+    LSTM on a CPU without oneDNN's bf16 kernels), in its weights' dtype outside autocast, while
+    the rest of the model keeps the autocast dtype."""
+    weight = rnn.weight_ih_l0
+    if weight.device.type != "cpu" or not torch.is_autocast_enabled("cpu") or \
+            autocast_runs(type(rnn), torch.get_autocast_dtype("cpu"), rnn.training):
         return rnn(inputs, hx)
-    as_float = (lambda t: t.float()) if not isinstance(inputs, torch.nn.utils.rnn.PackedSequence) else \
-        (lambda t: t._replace(data=t.data.float()))
     if isinstance(hx, tuple):
-        hx = tuple(h.float() for h in hx)
+        hx = tuple(h.to(weight.dtype) for h in hx)
     elif hx is not None:
-        hx = hx.float()
+        hx = hx.to(weight.dtype)
     with torch.autocast("cpu", enabled=False):
-        return rnn(as_float(inputs), hx)
+        return rnn(inputs.to(weight.dtype), hx)
 
 
 def _make_rnn(cell: str, input_dim: int, hidden: int, layers: int, dropout: float, bidirectional: bool = False):
@@ -182,7 +165,7 @@ class RNNSeq2Seq(Seq2Seq):
         lengths = src_mask.sum(1).cpu()
         packed = pack_padded_sequence(self.dropout(self.src_embed(src)), lengths, batch_first=True,
                                       enforce_sorted=False)
-        outputs, final = _run(self.encoder, packed)
+        outputs, final = _call_rnn(self.encoder, packed)
         outputs, _ = pad_packed_sequence(outputs, batch_first=True, total_length=length)  # (B, S, dirs*H), 0 on pad
         bidir = self.cfg.bidirectional
         memory = self._merge(outputs[..., :hidden], outputs[..., hidden:] if bidir else None)
@@ -227,9 +210,9 @@ class RNNSeq2Seq(Seq2Seq):
         """inputs [rows, T, in], h/c [rows, L, H] -> outputs [rows, T, H], new h, c (batch-first)."""
         hx = h.transpose(0, 1).contiguous()  # (L, rows, H) as torch's RNNs want it
         if c is not None:
-            outputs, (h, c) = _run(self.decoder, inputs, (hx, c.transpose(0, 1).contiguous()))
+            outputs, (h, c) = _call_rnn(self.decoder, inputs, (hx, c.transpose(0, 1).contiguous()))
             return outputs, h.transpose(0, 1), c.transpose(0, 1)
-        outputs, h = _run(self.decoder, inputs, hx)
+        outputs, h = _call_rnn(self.decoder, inputs, hx)
         return outputs, h.transpose(0, 1), None
 
     def _readout(self, top: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:

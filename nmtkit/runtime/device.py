@@ -67,6 +67,23 @@ def resolve_dtype(name: str, device: torch.device, cpu_fp16: bool = False) -> to
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 
+@functools.lru_cache(maxsize=None)
+def autocast_runs(module_class: type, dtype: torch.dtype, training: bool) -> bool:
+    """Whether ``module_class`` (nn.LSTM, nn.GRU, nn.RNN) runs under CPU autocast to ``dtype``,
+    in training or inference mode: one tiny call. PyTorch hands an autocast LSTM to oneDNN,
+    which lacks bf16 and fp16 LSTM kernels on some CPUs (a Zen 3) and raises there. The probe's
+    random weights come from a forked generator: training's random stream (and exact resume)
+    is untouched."""
+    with torch.random.fork_rng(devices=[]):
+        probe = module_class(4, 4, batch_first=True).train(training)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            probe(torch.zeros(1, 2, 4))
+    except RuntimeError:
+        return False
+    return True
+
+
 def autocast(device: torch.device, dtype: torch.dtype):
     """An autocast context (a no-op for float32)."""
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
