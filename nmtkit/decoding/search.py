@@ -42,8 +42,6 @@ NEG_INF = float("-inf")
 # greedy search drops finished sentences only once they are over this share of its batch: each drop
 # copies every cache, and an ended row that stays costs one row of compute per step while its output
 # stays fixed (EOS fed, nothing added); benchmarks/RESULTS.md, "Batches side by side", measures it.
-# Where a row's values depend on its batch (int8's per-batch scales) the rows kept are one more part
-# of that batch.
 COMPACT_SHARE = 0.1
 DEFAULT = SearchSettings()  # its defaults are DecodeConfig's and TranslateOptions' (decoding/options.py)
 
