@@ -32,9 +32,32 @@ class TransformerEncoderOut(EncoderOut):
 
 @dataclasses.dataclass
 class TransformerState(Selectable):
-    self_kv: list  # per decoder layer: (keys [rows, H, t, Dk], values [rows, H, t, Dh])
+    self_kv: list  # per decoder layer: (keys [R, H, t, Dk], values [R, H, t, Dh]), R stored rows
     step: int = 0
     attn: Optional[Tensor] = None  # [rows, S] cross-attention of the last layer, head-averaged
+    order: Optional[Tensor] = None  # [rows]: the stored rows this state's rows are, None: all, in order
+
+    def select(self, index: Tensor) -> "TransformerState":
+        """Rows ``index`` of this state. The caches are not copied here: the next step reads
+        their rows in the new order and appends its keys in one copy (``extend_cache``), where
+        reordering and then appending would copy every cache twice a step."""
+        order = index if self.order is None else self.order.index_select(0, index)
+        attn = None if self.attn is None else self.attn.index_select(0, index)
+        return dataclasses.replace(self, order=order, attn=attn)
+
+
+def extend_cache(past: Tensor, new: Tensor, order: Optional[Tensor]) -> Tensor:
+    """``past`` [R, H, t, D] at rows ``order`` (None: all R, as stored) with ``new`` [N, H, 1, D]
+    appended along time: [N, H, t + 1, D], each past value copied once."""
+    if order is None:
+        return torch.cat([past, new], dim=2)
+    if torch.compiler.is_compiling():  # the compiler fuses the two itself, and wants no out=
+        return torch.cat([past.index_select(0, order), new], dim=2)
+    t = past.size(2)
+    out = new.new_empty(new.size(0), new.size(1), t + new.size(2), new.size(3))
+    torch.index_select(past, 0, order, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
 
 
 class Sublayer(nn.Module):
@@ -108,12 +131,13 @@ class DecoderLayer(nn.Module):
         return self.cross_block.output(x, out), attn
 
     def forward(self, x: Tensor, kv, src_mask: Optional[Tensor], cache=None, need_attn: bool = False, self_mask=None,
-                rotary=None, keep=None, router_stats=None):
+                rotary=None, keep=None, router_stats=None, order: Optional[Tensor] = None):
         """Full sequence (cache None, causal) or one incremental step (cache = past k, v, RoPE
-        keys already rotated). ``self_mask``: ALiBi's causal bias, or None for a plain causal mask."""
+        keys already rotated, read at rows ``order``). ``self_mask``: ALiBi's causal bias, or
+        None for a plain causal mask."""
         q, k, v = self.self_attn.project_qkv(self.self_block.inputs(x), rotary)
         if cache is not None:
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            k, v = extend_cache(cache[0], k, order), extend_cache(cache[1], v, order)
         y = self.self_attn.attend(q, k, v, self_mask, causal=cache is None)  # a step's query sees every past key
         x = self.self_block.output(x, y)
         x, attn = self.cross(x, kv, src_mask, need_attn)
@@ -216,7 +240,7 @@ class Transformer(Seq2Seq):
         last = len(self.decoder) - 1
         for i, (layer, kv, cache) in enumerate(zip(self.decoder, enc.cross_kv, state.self_kv)):
             x, kv_step, layer_attn = layer(x, kv, cross_mask(enc), cache=cache, need_attn=need_attn and i == last,
-                                           self_mask=self_mask, rotary=rotary)
+                                           self_mask=self_mask, rotary=rotary, order=state.order)
             new_kv.append(kv_step)
             attn = layer_attn if layer_attn is not None else attn
         logits = self.output_proj(self.decoder_norm(x))[:, 0]  # (rows, V)
