@@ -51,6 +51,15 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
         assert torch.equal(int8(x[i:i + 1])[0], together[i])
     assert torch.equal(int8(x.flip(0)), together.flip(0))
     assert int8(x[:0]).shape == (0, 48)
+    threads = torch.get_num_threads()
+    try:  # fbgemm splits a product among threads: a row's values must not depend on how
+        torch.set_num_threads(4)
+        many = torch.randn(64, 32)
+        assert torch.equal(int8(many)[::9], int8(many[::9]))
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match="width 31"):
+        int8(x[:, :31])
 
 
 @needs_int8
@@ -90,7 +99,23 @@ def test_int8_is_cpu_only_and_named_in_errors(reversal_spm, tmp_path):
     assert done.returncode == 2 and done.stderr.decode().count("\n") == 1
 
 
-def test_a_torch_without_the_kernels_gets_a_one_line_error(monkeypatch):
+def test_without_fbgemm_kernels_int8_is_pytorchs_dynamic_one_and_says_so(monkeypatch, reversal_spm, tmp_path):
+    import sys
+
+    from nmtkit.decoding.torch_engine import TorchEngine
+
     monkeypatch.setattr(quantize, "int8_available", lambda: False)
+    model = nn.Sequential(layer(), nn.ReLU(), layer(d_in=48, d_out=8))
+    dynamic = quantize_int8(model)
+    kinds = [type(m).__name__ for m in dynamic.modules()]
+    assert kinds.count("Linear") == 2 and "Int8Linear" not in kinds  # torch's dynamic layer keeps the name
+    assert not any(type(m) is nn.Linear for m in dynamic.modules())
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        assert (dynamic(x) - model(x)).abs().max() < 0.1
+    engine = TorchEngine.open([str(train_tiny(reversal_spm, tmp_path / "model"))],
+                              TranslateOptions(dtype="int8", device="cpu"))
+    assert "a scale per batch" in engine.description
+    monkeypatch.setitem(sys.modules, "torch.ao.quantization", None)  # a torch without it
     with pytest.raises(ConfigError, match="--engine ctranslate2 --dtype int8"):
-        quantize_int8(layer())
+        quantize_int8(model)

@@ -70,6 +70,64 @@ def test_beam_rows_share_one_encoder_copy():
     torch.testing.assert_close(state.attn, state1.attn, atol=1e-6, rtol=1e-5)
 
 
+def eager_state_select(monkeypatch):
+    """Make TransformerState.select copy its caches at once, as before the deferred reorder."""
+    from nmtkit.models.base import Selectable
+    from nmtkit.models.transformer import TransformerState
+
+    monkeypatch.setattr(TransformerState, "deferred", ())
+    monkeypatch.setattr(TransformerState, "select", Selectable.select)
+
+
+def test_deferred_reorders_read_the_rows_an_eager_copy_would(monkeypatch):
+    """Two selects with repeated and dropped rows between steps: the next steps' logits equal
+    those of a state whose caches were copied at each select, bit for bit."""
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), V, V).eval()
+    src, mask, tgt = batch(t=6)
+    first, second = torch.tensor([2, 0, 0, 1, 2, 1]), torch.tensor([5, 1, 1, 3])
+
+    def run():
+        with torch.no_grad():
+            enc = model.encode(src, mask)
+            state, prev, out = model.init_state(enc, 2), tgt.repeat_interleave(2, 0), []
+            for t in range(3):
+                logits, state = model.decode_step(prev[:, t], enc, state)
+            state = state.select(first).select(second)
+            prev = prev[first][second]
+            for t in range(3, 6):
+                logits, state = model.decode_step(prev[:, t], enc.select(second // 2), state)
+                out.append(logits)
+                state = state.select(torch.arange(4).flip(0)) if t == 3 else state
+                prev = prev.flip(0) if t == 3 else prev
+        return torch.stack(out)
+
+    deferred = run()
+    eager_state_select(monkeypatch)
+    assert torch.equal(deferred, run())
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_beam_search_is_unchanged_by_deferring_the_cache_reorder(monkeypatch, autocast):
+    """Beam search (dev BLEU runs it under autocast with float32 weights, whose empty caches
+    start in float32) gives the same hypotheses and scores with eager cache copies."""
+    from nmtkit.decoding.options import SearchSettings
+    from nmtkit.decoding.search import beam_search
+
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), V, V).eval()
+    src, mask, _ = batch()
+
+    def run():
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            hyps = beam_search(model, src, mask, SearchSettings(beam_size=3, nbest=3, max_len_a=0.0, max_len_b=8))
+        return [[(h.tokens, h.score) for h in sentence] for sentence in hyps]
+
+    deferred = run()
+    eager_state_select(monkeypatch)
+    assert deferred == run() and all(len(sentence) == 3 for sentence in deferred)
+
+
 def test_no_attention_to_padding_or_future():
     torch.manual_seed(0)
     model = build_model(tiny_cfg(), V, V).eval()

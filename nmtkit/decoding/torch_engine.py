@@ -34,8 +34,7 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     bf16 on GPUs that have it and on CPUs with bf16 units (AMX, AVX-512 bf16), float32
     elsewhere. On a Zen 4 the quickstart model's beam 4 ran 1.35x float32's speed in bf16 at
     -0.12 test BLEU, and its translations did not depend on the batch (benchmarks/RESULTS.md,
-    "Translate's default dtype"); int8 was faster still but lost 0.23 BLEU and its per-batch
-    activation scales make a line's translation depend on the lines batched with it."""
+    "Translate's default dtype"); int8 (``models/quantize.py``) was faster still but lost 0.23 BLEU."""
     if name == "int8":  # float32 weights, then quantised (TorchEngine)
         if device.type != "cpu":
             raise ConfigError("--dtype int8 runs on CPU only (use --device cpu)")
@@ -123,7 +122,11 @@ class TorchEngine:
         elif device.type == "cpu" and not options.compile:  # compiled code cannot take oneDNN's packed weights
             for model in models:
                 prepack_linears(model.eval(), dtype)
-        shown = "int8" if options.dtype == "int8" else str(dtype).replace("torch.", "")
+        shown = str(dtype).replace("torch.", "")
+        if options.dtype == "int8":
+            from nmtkit.models.quantize import int8_available
+
+            shown = "int8" if int8_available() else "int8 (a scale per batch: this CPU lacks fbgemm's kernels)"
         return cls(models[0] if len(models) == 1 else EnsembleModel(models), loaded_models[0].src_vocab,
                    loaded_models[0].tgt_vocab, options, device, f"on {device} in {shown}")
 

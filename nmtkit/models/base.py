@@ -35,10 +35,14 @@ def _select(value: Any, index: Tensor) -> Any:
 
 
 class Selectable:
-    """Dataclass mixin: ``select(index)`` reorders every tensor field along dim 0."""
+    """Dataclass mixin: ``select(index)`` reorders every tensor field along dim 0, except the
+    fields a subclass names in ``deferred`` (it reorders those itself, later)."""
+
+    deferred: tuple = ()
 
     def select(self, index: Tensor):
-        changes = {f.name: _select(getattr(self, f.name), index) for f in dataclasses.fields(self)}
+        changes = {f.name: _select(getattr(self, f.name), index) for f in dataclasses.fields(self)
+                   if f.name not in self.deferred}
         return dataclasses.replace(self, **changes)
 
 

@@ -2,11 +2,12 @@
 
 Each ``nn.Linear`` gets int8 weights, one scale per output feature, and quantises its input
 row by row, each row (one token of one hypothesis) with a scale of its own. Products sum in
-int32, exactly, so a row's result depends on that row alone and a line translates the same
-whatever lines share its batch. PyTorch's dynamic quantisation, which nmtkit used before, takes
-one activation scale per batch, and there a line's translation changed with its neighbours.
-Embeddings, norms, attention and softmax stay float32. Speed and BLEU: benchmarks/RESULTS.md,
-"Batch-independent int8".
+int32, exactly, so a row's result depends on that row alone, as in float32. PyTorch's dynamic
+quantisation, which nmtkit used before, takes one activation scale per batch, and there a
+line's translation changed with the lines batched with it. Embeddings, norms, attention and
+softmax stay float32. Speed and BLEU: benchmarks/RESULTS.md, "Batch-independent int8".
+Where fbgemm's kernels are missing (CPUs without AVX2, ARM), PyTorch's dynamic quantisation
+is what remains, with its per-batch scale.
 
 How: fbgemm's int8 product takes one input scale, so each row is divided by its largest
 magnitude, quantised with the scale 1/63 (7 bits: x86's 8-bit kernels sum pairs of products
@@ -53,11 +54,15 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.size(-1) != self.in_features:
+            raise ValueError(f"input of width {x.size(-1)} for a Linear layer of {self.in_features} inputs")
         rows = x.reshape(-1, self.in_features).float()
         if rows.size(0) == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features, dtype=torch.float32)
-        peak = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)  # [N, 1]; 10x vector_norm(inf) on a CPU
-        out = _int8_product(rows / peak, self.packed)
+        # each row's largest magnitude [N, 1]: two reductions make no [N, in] temporary as abs()
+        # would, and run 10x faster than vector_norm(ord=inf) on a CPU
+        peak = torch.maximum(rows.amax(1, keepdim=True), rows.amin(1, keepdim=True).neg_()).clamp_min_(1e-30)
+        out = _int8_product(rows * peak.reciprocal(), self.packed)
         # in place: a fresh [N, out] tensor costs as much again in page faults
         out = out.mul_(peak) if self.bias is None else torch.addcmul(self.bias, out, peak, out=out)
         return out.view(*x.shape[:-1], self.out_features)
@@ -68,10 +73,11 @@ class Int8Linear(nn.Module):
 
 @functools.lru_cache(maxsize=None)
 def int8_available() -> bool:
-    """Whether this torch and CPU run the int8 product, checked on one tiny layer against float32
-    (a torch without fbgemm's kernels, or one that dropped quantised tensors, says no)."""
+    """Whether this torch and CPU run the row-by-row int8 product, checked on one tiny layer
+    against float32 (a torch without fbgemm's kernels, or one that dropped quantised tensors,
+    says no)."""
     gen = torch.Generator().manual_seed(0)
-    linear = nn.Linear(16, 24)
+    linear = nn.Linear(16, 24, device="meta").to_empty(device="cpu")  # no draw from the global stream
     with torch.no_grad():
         linear.weight.copy_(torch.randn(24, 16, generator=gen) / 4)
         linear.bias.copy_(torch.randn(24, generator=gen))
@@ -84,13 +90,24 @@ def int8_available() -> bool:
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of float32 ``model`` on the CPU whose Linear layers run in int8."""
+    """A copy of float32 ``model`` on the CPU whose Linear layers run in int8 (row by row where
+    ``int8_available``, else with PyTorch's per-batch dynamic quantisation)."""
     if not int8_available():
-        raise ConfigError("--dtype int8 needs PyTorch's fbgemm int8 kernels, which this torch or CPU lacks; "
-                          "use --engine ctranslate2 --dtype int8")
+        return _quantize_dynamic(model)
     model = copy.deepcopy(model)
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
     for parent, name, child in linears:
         setattr(parent, name, Int8Linear(child))
     return model
+
+
+def _quantize_dynamic(model: nn.Module) -> nn.Module:
+    try:
+        from torch.ao.quantization import quantize_dynamic
+    except ImportError:  # torch.ao.quantization is deprecated in favour of torchao
+        raise ConfigError("--dtype int8 needs fbgemm's int8 kernels or torch.ao.quantization, which this torch "
+                          "or CPU lacks; use --engine ctranslate2 --dtype int8") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its deprecation notices are not the user's concern
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)

@@ -36,14 +36,14 @@ class TransformerState(Selectable):
     step: int = 0
     attn: Optional[Tensor] = None  # [rows, S] cross-attention of the last layer, head-averaged
     order: Optional[Tensor] = None  # [rows]: the stored rows this state's rows are, None: all, in order
+    deferred = ("self_kv", "order")  # not a field: what select leaves to the next step
 
     def select(self, index: Tensor) -> "TransformerState":
         """Rows ``index`` of this state. The caches are not copied here: the next step reads
         their rows in the new order and appends its keys in one copy (``extend_cache``), where
         reordering and then appending would copy every cache twice a step."""
         order = index if self.order is None else self.order.index_select(0, index)
-        attn = None if self.attn is None else self.attn.index_select(0, index)
-        return dataclasses.replace(self, order=order, attn=attn)
+        return dataclasses.replace(super().select(index), order=order)
 
 
 def extend_cache(past: Tensor, new: Tensor, order: Optional[Tensor]) -> Tensor:
@@ -51,7 +51,9 @@ def extend_cache(past: Tensor, new: Tensor, order: Optional[Tensor]) -> Tensor:
     appended along time: [N, H, t + 1, D], each past value copied once."""
     if order is None:
         return torch.cat([past, new], dim=2)
-    if torch.compiler.is_compiling():  # the compiler fuses the two itself, and wants no out=
+    if torch.compiler.is_compiling() or past.dtype != new.dtype:
+        # the compiler fuses the two itself and wants no out=; under autocast a float32 cache
+        # (an empty one starts in the encoder output's dtype) meets bf16 keys, which cat promotes
         return torch.cat([past.index_select(0, order), new], dim=2)
     t = past.size(2)
     out = new.new_empty(new.size(0), new.size(1), t + new.size(2), new.size(3))
