@@ -1,13 +1,13 @@
 """Decoding throughput: sentences/s and target tokens/s on the test set, per engine, dtype
 and beam, each configuration in a fresh process (its own peak RSS, no shared warm state).
 
-Engines: ``torch`` (nmtkit's own search; dtype float32, bf16 or int8 = dynamically
-quantised Linear layers, ``--dtype int8``), ``ct2`` (``nmtkit translate --engine ctranslate2``
+Engines: ``torch`` (nmtkit's own search; dtype float32, bf16 or int8 = int8 Linear
+layers, each input row scaled on its own, ``--dtype int8``), ``ct2`` (``nmtkit translate --engine ctranslate2``
 on the model exported by ``nmtkit export``; float32 or int8 compute), ``ct2direct`` (the same
 export run by CTranslate2 alone, as its own users would: SentencePiece pieces into one
 ``translate_batch`` call that sorts and batches by itself), ``hf`` (HuggingFace MarianMT
-``generate``, random weights of the same dims, float32, bf16 or int8 = the same dynamic
-quantisation as ours: forced lengths only). Every engine reads the same lines, encodes them
+``generate``, random weights of the same dims, float32, bf16 or int8 = PyTorch's dynamic
+quantisation, one scale per batch: forced lengths only). Every engine reads the same lines, encodes them
 with the same SentencePiece model and runs length-sorted batches of ``--batch-tokens``
 source tokens x beam. Timing starts after model loading and a warm-up on the first
 ``--warmup`` lines; it covers encoding, search and detokenisation.
@@ -80,7 +80,7 @@ def torch_translator(cfg: dict, options):
 class MarianForced:
     """HuggingFace MarianMT (post-norm, sinusoidal, scaled tied embeddings: our architecture)
     with random weights, decoding exactly ``forced_len`` pieces per hypothesis, in ``dtype``
-    (bf16: weights cast; int8: ``quantize_dynamic`` on its Linear layers, as ``--dtype int8``)."""
+    (bf16: weights cast; int8: ``quantize_dynamic`` on its Linear layers, a scale per batch)."""
 
     def __init__(self, cfg: dict) -> None:
         import torch

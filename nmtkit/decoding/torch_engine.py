@@ -34,7 +34,9 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     bf16 on GPUs that have it and on CPUs with bf16 units (AMX, AVX-512 bf16), float32
     elsewhere. On a Zen 4 the quickstart model's beam 4 ran 1.35x float32's speed in bf16 at
     -0.12 test BLEU, and its translations did not depend on the batch (benchmarks/RESULTS.md,
-    "Translate's default dtype"); int8 (``models/quantize.py``) was faster still but lost 0.23 BLEU."""
+    "Translate's default dtype"); the int8 of then, which scaled each batch as a whole, was faster still
+    but lost 0.23 BLEU. ``--dtype int8`` now scales each row on its own (``models/quantize.py``) and
+    is an option, not ``auto``'s choice: 1.1-1.2x float32 on a Zen 3 (RESULTS.md, "int8 scaled per row")."""
     if name == "int8":  # float32 weights, then quantised (TorchEngine)
         if device.type != "cpu":
             raise ConfigError("--dtype int8 runs on CPU only (use --device cpu)")
