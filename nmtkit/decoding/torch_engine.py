@@ -36,7 +36,7 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     -0.12 test BLEU, and its translations did not depend on the batch (benchmarks/RESULTS.md,
     "Translate's default dtype"); the int8 of then, which scaled each batch as a whole, was faster still
     but lost 0.23 BLEU. ``--dtype int8`` now scales each row on its own (``models/quantize.py``) and
-    is an option, not ``auto``'s choice: 1.1-1.2x float32 on a Zen 3 (RESULTS.md, "int8 scaled per row")."""
+    is an option, not ``auto``'s choice: 1.18-1.20x float32 on a Zen 3 (RESULTS.md, "int8 scaled per row")."""
     if name == "int8":  # float32 weights, then quantised (TorchEngine)
         if device.type != "cpu":
             raise ConfigError("--dtype int8 runs on CPU only (use --device cpu)")

@@ -1,4 +1,4 @@
-"""Medians and ranges per code version and configuration over the rounds of ab.sh / ab2.sh:
+"""Medians and ranges per code version and configuration over the rounds of ab2.sh:
 python summarise.py DIR PREFIX... (e.g. . head before)."""
 import glob, json, re, statistics, sys
 from collections import defaultdict
