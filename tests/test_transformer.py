@@ -94,12 +94,14 @@ def test_deferred_reorders_read_the_rows_an_eager_copy_would(monkeypatch):
             for t in range(3):
                 logits, state = model.decode_step(prev[:, t], enc, state)
             state = state.select(first).select(second)
-            prev = prev[first][second]
+            rows = first[second]
+            prev, enc = prev[rows], enc.select(rows // 2)  # each kept row now a sentence of its own (beam 1)
             for t in range(3, 6):
-                logits, state = model.decode_step(prev[:, t], enc.select(second // 2), state)
+                logits, state = model.decode_step(prev[:, t], enc, state)
                 out.append(logits)
-                state = state.select(torch.arange(4).flip(0)) if t == 3 else state
-                prev = prev.flip(0) if t == 3 else prev
+                if t == 3:
+                    flip = torch.arange(4).flip(0)
+                    state, prev, enc = state.select(flip), prev[flip], enc.select(flip)
         return torch.stack(out)
 
     deferred = run()
@@ -107,15 +109,19 @@ def test_deferred_reorders_read_the_rows_an_eager_copy_would(monkeypatch):
     assert torch.equal(deferred, run())
 
 
-@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
-def test_beam_search_is_unchanged_by_deferring_the_cache_reorder(monkeypatch, autocast):
+@pytest.mark.parametrize("mode", ["float32", "bf16-autocast", "bf16-weights"])
+def test_beam_search_is_unchanged_by_deferring_the_cache_reorder(monkeypatch, mode):
     """Beam search (dev BLEU runs it under autocast with float32 weights, whose empty caches
-    start in float32) gives the same hypotheses and scores with eager cache copies."""
+    start in float32; translation casts the weights) gives the same hypotheses and scores with
+    eager cache copies."""
     from nmtkit.decoding.options import SearchSettings
     from nmtkit.decoding.search import beam_search
 
     torch.manual_seed(0)
     model = build_model(tiny_cfg(), V, V).eval()
+    autocast = mode == "bf16-autocast"
+    if mode == "bf16-weights":
+        model = model.to(torch.bfloat16)
     src, mask, _ = batch()
 
     def run():

@@ -40,7 +40,7 @@ class TranslateOptions(DecodeConfig):
 
     nbest: int = 1  # > 1: "index \t score \t text" lines, best first
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: Linear layers quantised dynamically)
+    dtype: str = "auto"  # auto | float32 | bf16 | fp16 | int8 (CPU: int8 Linear layers, models/quantize.py)
     scores: bool = False  # prefix "score \t"
     alignments: bool = False  # append "\t i-j ..." (Pharaoh: source i aligned to target j)
     alignment_units: str = "words"  # words (whitespace words of input and output) | pieces (SentencePiece)

@@ -40,8 +40,9 @@ from nmtkit.specials import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
 # greedy search drops finished sentences only once they are over this share of its batch: each drop
-# copies every cache, and an ended row that stays costs one row of compute per step while its output
-# stays fixed (EOS fed, nothing added); benchmarks/RESULTS.md, "Batches side by side", measures it.
+# copies every cache (RNN states at once, Transformer caches in the next step's append), and an ended
+# row that stays costs one row of compute per step while its output stays fixed (EOS fed, nothing
+# added); benchmarks/RESULTS.md, "Batches side by side", measures it (before the deferred reorder).
 COMPACT_SHARE = 0.1
 DEFAULT = SearchSettings()  # its defaults are DecodeConfig's and TranslateOptions' (decoding/options.py)
 

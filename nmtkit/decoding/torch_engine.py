@@ -34,9 +34,8 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     bf16 on GPUs that have it and on CPUs with bf16 units (AMX, AVX-512 bf16), float32
     elsewhere. On a Zen 4 the quickstart model's beam 4 ran 1.35x float32's speed in bf16 at
     -0.12 test BLEU, and its translations did not depend on the batch (benchmarks/RESULTS.md,
-    "Translate's default dtype"); the int8 of then, which scaled each batch as a whole, was faster still
-    but lost 0.23 BLEU. ``--dtype int8`` now scales each row on its own (``models/quantize.py``) and
-    is an option, not ``auto``'s choice: 1.18-1.20x float32 on a Zen 3 (RESULTS.md, "int8 scaled per row")."""
+    "Translate's default dtype"). ``--dtype int8`` (``models/quantize.py``) is an option, not
+    ``auto``'s choice (RESULTS.md, "int8 scaled per row", says why)."""
     if name == "int8":  # float32 weights, then quantised (TorchEngine)
         if device.type != "cpu":
             raise ConfigError("--dtype int8 runs on CPU only (use --device cpu)")
@@ -117,18 +116,15 @@ class TorchEngine:
         for item in loaded_models:  # a model translated before starts plain again: cast, quantised, packed anew
             unpack_linears(item.model)
         models = [item.model.to(device=device, dtype=dtype) for item in loaded_models]
+        shown = str(dtype).replace("torch.", "")
         if options.dtype == "int8":
-            from nmtkit.models.quantize import quantize_int8
+            from nmtkit.models.quantize import int8_available, quantize_int8
 
             models = [quantize_int8(model.eval()) for model in models]
+            shown = "int8" if int8_available() else "int8 (a scale per batch: this torch or CPU lacks fbgemm's kernels)"
         elif device.type == "cpu" and not options.compile:  # compiled code cannot take oneDNN's packed weights
             for model in models:
                 prepack_linears(model.eval(), dtype)
-        shown = str(dtype).replace("torch.", "")
-        if options.dtype == "int8":
-            from nmtkit.models.quantize import int8_available
-
-            shown = "int8" if int8_available() else "int8 (a scale per batch: this CPU lacks fbgemm's kernels)"
         return cls(models[0] if len(models) == 1 else EnsembleModel(models), loaded_models[0].src_vocab,
                    loaded_models[0].tgt_vocab, options, device, f"on {device} in {shown}")
 

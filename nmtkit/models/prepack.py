@@ -128,7 +128,8 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def _children(model: nn.Module, kind: type) -> list[tuple[nn.Module, str, nn.Module]]:
+def children_of_type(model: nn.Module, kind: type) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, child) for every module of exactly type ``kind`` in ``model``."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
             if type(child) is kind]
 
@@ -140,7 +141,7 @@ def prepack_linears(model: nn.Module, dtype: torch.dtype) -> int:
     the embedding keeps its own."""
     if not packing_available(dtype) or any(p.device.type != "cpu" or p.dtype != dtype for p in model.parameters()):
         return 0
-    linears = _children(model, nn.Linear)
+    linears = children_of_type(model, nn.Linear)
     elsewhere = {id(p) for module in model.modules() if type(module) is not nn.Linear
                  for p in module.parameters(recurse=False)}
     with torch.no_grad():
@@ -152,7 +153,7 @@ def prepack_linears(model: nn.Module, dtype: torch.dtype) -> int:
 def unpack_linears(model: nn.Module) -> int:
     """Undo ``prepack_linears`` in place (a model translated once, then cast, quantised or
     saved); the number of layers given back."""
-    packed = _children(model, PackedLinear)
+    packed = children_of_type(model, PackedLinear)
     for parent, name, child in packed:
         setattr(parent, name, child.to_linear())
     return len(packed)

@@ -2,14 +2,13 @@
 
 Each ``nn.Linear`` gets int8 weights, one scale per output feature, and quantises its input
 row by row, each row (one token of one hypothesis) with a scale of its own. Products sum in
-int32, exactly, so a row's result depends on that row alone, as in float32. PyTorch's dynamic
-quantisation, which nmtkit used before, takes one activation scale per batch: 163 of 300 test
-verses on a Zen 3 changed when translated alone rather than batched. Now 9 did, most likely
-through float32 attention's last bits over differently padded sources, which rounding can carry
-into a token. Embeddings, norms, attention and softmax stay float32. Speed and BLEU:
-benchmarks/RESULTS.md, "int8 scaled per row". Where fbgemm's kernels are missing (ARM, x86
-without AVX2), ``quantize_int8`` falls back to PyTorch's dynamic quantisation, per-batch scale
-and all.
+int32, exactly, so a row's result depends on that row alone. PyTorch's dynamic quantisation,
+which nmtkit used before, takes one activation scale per batch, and a line's translation changed
+with the lines batched with it. What batching can still change (float32 attention over other
+padding, carried into a token by rounding), the speed and the BLEU: benchmarks/RESULTS.md,
+"int8 scaled per row". Embeddings, norms, attention and softmax stay float32, and so do
+LSTM/GRU cells. Where fbgemm's kernels are missing (ARM, x86 without AVX2), ``quantize_int8``
+falls back to PyTorch's dynamic quantisation, per-batch scale and all.
 
 How: fbgemm's int8 product takes one input scale, so each row is divided by its largest
 magnitude, quantised with the scale 1/63 (7 bits: x86's 8-bit kernels sum pairs of products
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from nmtkit.errors import ConfigError
+from nmtkit.models.prepack import children_of_type
 
 STEPS = 63  # quantised input levels each side of zero (7 bits)
 ZERO_POINT = 64  # unsigned 8-bit storage: 1 .. 127 after scaling
@@ -97,9 +97,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     if not int8_available():
         return _quantize_dynamic(model)
     model = copy.deepcopy(model)
-    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if type(child) is nn.Linear]
-    for parent, name, child in linears:
+    for parent, name, child in children_of_type(model, nn.Linear):
         setattr(parent, name, Int8Linear(child))
     return model
 

@@ -32,11 +32,11 @@ class TransformerEncoderOut(EncoderOut):
 
 @dataclasses.dataclass
 class TransformerState(Selectable):
-    self_kv: list  # per decoder layer: (keys [R, H, t, Dk], values [R, H, t, Dh]), R stored rows
+    self_kv: list  # per decoder layer: (keys [R, H, t, Dk], values [R, H, t, Dh]), R stored rows: this state's are self_kv[order]
     step: int = 0
     attn: Optional[Tensor] = None  # [rows, S] cross-attention of the last layer, head-averaged
     order: Optional[Tensor] = None  # [rows]: the stored rows this state's rows are, None: all, in order
-    deferred = ("self_kv", "order")  # not a field: what select leaves to the next step
+    deferred = ("self_kv", "order")  # not a field: what the base select leaves alone (select composes order)
 
     def select(self, index: Tensor) -> "TransformerState":
         """Rows ``index`` of this state. The caches are not copied here: the next step reads
