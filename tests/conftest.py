@@ -17,20 +17,6 @@ from nmtkit.config import ModelConfig
 from nmtkit.decoding.options import TranslateOptions
 
 
-# The files that take the longest (each a minute or more on a 2-core Zen 3), longest first.
-# pytest-xdist hands out whole files (--dist loadfile) in collection order (its reordering by
-# test count is off in pyproject.toml): a long file handed out last keeps one worker busy while
-# the other waits, so these go first and the short files fill in around them.
-LONGEST_FILES = ("test_transformer.py", "test_crash_resume.py", "test_benchmarks.py", "test_sweep_replicas.py",
-                 "test_gpu_sweep.py", "test_distributed.py", "test_sweep.py", "test_gpu_check.py",
-                 "test_io_guarantees.py", "test_rnn.py", "test_subword_sampling.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tiny models gain nothing from intra-op threads and lose much on a busy machine."""
