@@ -259,7 +259,9 @@ REVERSAL = {"paper": ({}, 600, 0.95), "learned": (dict(positions="learned"), 600
 @pytest.mark.parametrize("variant", list(REVERSAL))
 def test_learns_to_reverse_ten_symbols(variant):
     """The paper's model and each variant, tiny: reversing 10 symbols reaches the variant's bar of
-    exact matches (greedy; 95% but for ALiBi and RoPE, see REVERSAL)."""
+    exact matches (greedy; 95% but for ALiBi and RoPE, see REVERSAL) within its updates. Held-out
+    pairs are checked every 100 updates and training stops at the bar: the batches are the same
+    as training to the end would draw, so a model that gets there late still passes."""
     from nmtkit.decoding.options import SearchSettings
     from nmtkit.decoding.search import greedy_search
     from nmtkit.specials import EOS
@@ -272,23 +274,34 @@ def test_learns_to_reverse_ten_symbols(variant):
     opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(1)
 
-    def sample(n):
-        src = torch.randint(4, symbols + 4, (n, length), generator=g)
+    def sample(n, generator=g):
+        src = torch.randint(4, symbols + 4, (n, length), generator=generator)
         tgt = src.flip(1)
         tgt_in = torch.cat([torch.full((n, 1), BOS), tgt], 1)
         tgt_out = torch.cat([tgt, torch.full((n, 1), EOS)], 1)
         return src, tgt_in, tgt_out
 
-    for _ in range(steps):
+    held_out, _, _ = sample(200, torch.Generator().manual_seed(2))
+
+    def exact_share():
+        model.eval()
+        with torch.no_grad():
+            hyps = greedy_search(model, held_out, held_out.ne(PAD),
+                                 SearchSettings(lenpen=0.0, max_len_a=1.0, max_len_b=2, min_len=1))
+        model.train()
+        return sum(h[0].tokens == s.flip(0).tolist() for h, s in zip(hyps, held_out)) / len(held_out)
+
+    exact = 0.0
+    for update in range(1, steps + 1):
         src, tgt_in, tgt_out = sample(64)
         logits = model(src, src.ne(PAD), tgt_in)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.eval()
-    src, _, _ = sample(200)
-    with torch.no_grad():
-        hyps = greedy_search(model, src, src.ne(PAD), SearchSettings(lenpen=0.0, max_len_a=1.0, max_len_b=2, min_len=1))
-    exact = sum(h[0].tokens == s.flip(0).tolist() for h, s in zip(hyps, src)) / len(src)
-    assert exact > bar, exact  # ~15 s on 2 cores for the paper's model; it must stay under a minute
+        if update % 100 == 0 or update == steps:
+            exact = exact_share()
+            print(f"{variant}: {exact:.3f} exact after {update} updates")
+            if exact > bar:
+                break
+    assert exact > bar, exact
