@@ -162,7 +162,7 @@ def matmul_peak(dtype_name: str, threads: int, seconds: float = 1.0) -> dict:
     finally:
         torch.set_num_threads(before)
     return {"gflops": round(max(multi, single * threads), 1), "measured_threads": round(multi, 1),
-            "measured_one_thread": round(single, 1)}
+            "measured_one_thread": round(single, 1), "seconds_each": seconds}
 
 
 def transformer_flops(model: dict, vocab: int, src_len: float, tgt_len: float) -> dict:
@@ -256,6 +256,13 @@ def base_parser(description: str):
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (default: all cores)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     return parser
+
+
+def add_peak_option(parser) -> None:
+    """``--peak-seconds``: how long ``matmul_peak`` times each of its four sizes and thread counts."""
+    parser.add_argument("--peak-seconds", type=float, default=1.0,
+                        help="seconds per size and thread count measuring the matmul peak MFU is against "
+                             "(default 1.0; a shorter one only for a quick check)")
 
 
 def python() -> str:

@@ -311,6 +311,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--batch-tokens", type=int, default=0,
                         help="source tokens x beam per batch (0: decode.batch_tokens of the run's config.yaml beside --data, else 6000)")
     parser.add_argument("--keep-outputs", action="store_true", help="copy translations to --out")
+    common.add_peak_option(parser)
     args = parser.parse_args(argv)
     meta = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     data = Path(args.data)
@@ -376,7 +377,7 @@ def add_mfu(records: list[dict], meta: dict, src_path: Path, refs: list[str], ar
         record["model_gflops"] = round(work / record["decode_s"] / 1e9, 1)
         if record["dtype"] in ("float32", "bf16"):
             if record["dtype"] not in peaks:
-                peaks[record["dtype"]] = common.matmul_peak(record["dtype"], args.threads)["gflops"]
+                peaks[record["dtype"]] = common.matmul_peak(record["dtype"], args.threads, args.peak_seconds)["gflops"]
             record["mfu_pct"] = round(100 * record["model_gflops"] / peaks[record["dtype"]], 1)
 
 

@@ -256,6 +256,7 @@ def main(argv=None) -> list[dict]:
     add_training_options(parser, steps=40)
     parser.add_argument("--peers", default="", help="peer toolkits to train the same way: " + ", ".join(PEERS))
     parser.add_argument("--peer-python", default=sys.executable, help="the Python where the peers are installed")
+    common.add_peak_option(parser)
     args = parser.parse_args(argv)
     data = Path(args.data)
     meta = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
@@ -272,7 +273,7 @@ def main(argv=None) -> list[dict]:
     if unknown:  # before anything runs
         raise SystemExit(f"unknown peer {unknown[0]!r} (known: {', '.join(PEERS)})")
     for toolkit, dtype in runs:
-        peak = common.matmul_peak(dtype, args.threads)
+        peak = common.matmul_peak(dtype, args.threads, args.peak_seconds)
         record = run_dtype(args, dtype, recipe, meta) if toolkit == "nmtkit" else PEERS[toolkit](args, recipe, meta)
         achieved = record["tgt_tok_s"] * flops["train_per_tgt_token"] / 1e9
         record.update(matmul_peak_gflops=peak["gflops"], matmul_peak=peak, model_gflops=round(achieved, 1),

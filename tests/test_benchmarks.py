@@ -83,14 +83,16 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
     model, data = trained
     shared = ["--model", str(model), "--data", str(data), "--out", str(tmp_path), "--threads", "1"]
     train = train_speed.main([*shared, "--recipe", str(data.parent / "recipe.yaml"), "--dtypes", "float32",
-                              "--steps", "6", "--log-every", "2", "--warmup-windows", "1"])
+                              "--steps", "6", "--log-every", "2", "--warmup-windows", "1", "--peak-seconds", "0.05"])
     assert train[0]["tgt_tok_s"] > 0 and train[0]["peak_rss_mib"] > 50 and train[0]["mfu_pct"] > 0
+    assert train[0]["matmul_peak"]["seconds_each"] == 0.05  # a quick peak: it is not what this test is about
     has_ct2 = decode_speed.available("ct2")
     engines = "torch:float32:2,torch:float32:2:w2,torch:int8:1" + \
         (",ct2:float32:1,ct2direct:float32:1,ct2direct:float32:1:w2" if has_ct2 else "")
     forced_engines = "torch:float32:2" + (",ct2direct:int8:2" if has_ct2 else "")
     decode = decode_speed.main([*shared, "--configs", engines, "--forced-configs", forced_engines,
-                                "--forced-len", "3", "--max-sentences", "8", "--warmup", "2", "--keep-outputs"])
+                                "--forced-len", "3", "--max-sentences", "8", "--warmup", "2", "--keep-outputs",
+                                "--peak-seconds", "0.05"])
 
     def tag(config: str) -> str:  # engine:dtype:beam[:wN] -> engine-dtype-bBEAM[-wN]
         engine, dtype, beam, *workers = config.split(":")
@@ -102,7 +104,7 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
     # two batches side by side on two threads translate as one batch at a time did
     side = decode_speed.main([*shared[:-1], "2", "--configs", "torch:float32:2:w2", "--forced-len", "0",
                               "--max-sentences", "8", "--warmup", "2", "--batch-tokens", "40", "--keep-outputs",
-                              "--out", str(tmp_path / "side")])
+                              "--out", str(tmp_path / "side"), "--peak-seconds", "0.05"])
     assert side[0]["threads_used"] == 2 and side[0]["tgt_tokens"] == decode[0]["tgt_tokens"]
     assert (tmp_path / "side" / "torch-float32-b2-w2.txt").read_text() == \
         (tmp_path / "torch-float32-b2.txt").read_text()
