@@ -258,9 +258,22 @@ def base_parser(description: str):
     return parser
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a number of seconds above 0."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def add_peak_option(parser) -> None:
     """``--peak-seconds``: how long ``matmul_peak`` times each of its four sizes and thread counts."""
-    parser.add_argument("--peak-seconds", type=float, default=1.0,
+    parser.add_argument("--peak-seconds", type=positive_seconds, default=1.0,
                         help="seconds per size and thread count measuring the matmul peak MFU is against "
                              "(default 1.0; a shorter one only for a quick check)")
 

@@ -379,6 +379,7 @@ def add_mfu(records: list[dict], meta: dict, src_path: Path, refs: list[str], ar
             if record["dtype"] not in peaks:
                 peaks[record["dtype"]] = common.matmul_peak(record["dtype"], args.threads, args.peak_seconds)["gflops"]
             record["mfu_pct"] = round(100 * record["model_gflops"] / peaks[record["dtype"]], 1)
+            record["matmul_peak_seconds"] = args.peak_seconds
 
 
 def add_ratios(records: list[dict]) -> None:

@@ -6,7 +6,7 @@ int32, exactly, so a row's result depends on that row alone. PyTorch's dynamic q
 which nmtkit used before, takes one activation scale per batch, and a line's translation changed
 with the lines batched with it. What batching can still change (float32 attention over other
 padding, carried into a token by rounding), the speed and the BLEU: benchmarks/RESULTS.md,
-"int8 scaled per row". Embeddings, norms, attention and softmax stay float32, and so do
+"int8 scaled per row"; where the padding's difference comes from: "Attention that ignores the padding". Embeddings, norms, attention and softmax stay float32, and so do
 LSTM/GRU cells. Where fbgemm's kernels are missing (ARM, x86 without AVX2), ``quantize_int8``
 falls back to PyTorch's dynamic quantisation, per-batch scale and all.
 

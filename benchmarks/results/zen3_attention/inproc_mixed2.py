@@ -1,6 +1,7 @@
 """In-process A/B over the same lines, alternated: attention through SDPA at inference (before)
-against explicit matmuls (now), float32 and int8; and how many lines each translates the same
-alone as batched. Usage: inproc_exact.py MODEL SRC N ROUNDS THREADS BEAM"""
+against explicit over the source's keys only ("mixed"), float32 and int8; and how many of the
+first ALONE lines (env, default 300) each translates the same alone as batched.
+Usage: ALONE=150 inproc_mixed2.py MODEL SRC N ROUNDS THREADS BEAM"""
 import json, os, sys, time
 import torch
 import torch.nn.functional as F

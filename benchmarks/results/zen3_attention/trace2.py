@@ -1,6 +1,6 @@
 """Scores alone vs batched, float32 and int8, at 1 and 2 threads (bitwise)."""
-import sys, torch
-sys.path.insert(0, "/work/main/benchmarks")
+import os, sys, torch
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))  # ran with /work/main/benchmarks here
 import decode_speed
 lines = open(sys.argv[2], encoding="utf-8").read().splitlines()[:int(sys.argv[3])]
 for dtype in ("float32", "int8"):

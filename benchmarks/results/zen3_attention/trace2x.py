@@ -1,6 +1,6 @@
 """Scores alone vs batched, float32 and int8, at 1 and 2 threads (bitwise)."""
-import sys, torch
-sys.path.insert(0, "/work/main/benchmarks")
+import os, sys, torch
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))  # ran with /work/main/benchmarks here
 import decode_speed
 from nmtkit.models import layers, transformer
 def explicit(q, k, v, mask, dropout, causal=False):

@@ -1,6 +1,6 @@
 """Decoder steps of line i alone vs in the batch of N lines (float32, 1 thread): first differing sdpa call."""
-import sys, torch
-sys.path.insert(0, "/work/main/benchmarks")
+import os, sys, torch
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))  # ran with /work/main/benchmarks here
 import decode_speed
 from nmtkit.models import layers, transformer
 torch.set_num_threads(1)
