@@ -199,7 +199,7 @@ def test_serve_target_lang_on_an_imported_model(imported):
     limits = Limits(max_body_bytes=4000, max_lines=6, max_line_chars=60, max_beam=4)
     batcher = Batcher(open_engine([str(imported)], options), options, 0.0, options.batch_tokens)
     lines = ["the red dog", "a blue cat"]
-    with TestClient(create_app(batcher, serving_card([str(imported)], options, limits, 0), limits)) as client:
+    with TestClient(create_app(batcher, serving_card([str(imported)], options, limits, 0, batcher.engine.description), limits)) as client:
         answer = client.post("/translate", json={"texts": lines, "target_lang": "fra"})
         refused = client.post("/translate", json={"texts": lines, "target_lang": "spa"})
     loaded = load_model_dir(imported)

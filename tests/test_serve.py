@@ -50,7 +50,7 @@ def sources(n: int, seed: int) -> list[str]:
 
 def start_app(model_dirs: list[str], options: TranslateOptions, window_s: float = 0.0):
     batcher = Batcher(open_engine(model_dirs, options), options, window_s, options.batch_tokens)
-    return TestClient(create_app(batcher, serving_card(model_dirs, options, LIMITS, window_s * 1000), LIMITS))
+    return TestClient(create_app(batcher, serving_card(model_dirs, options, LIMITS, window_s * 1000, batcher.engine.description), LIMITS))
 
 
 def expected(model_dirs: list[str], lines: list[str], **settings) -> list[str]:
@@ -326,10 +326,22 @@ def test_info_is_the_model_card_as_json_or_text(client, model_dir):
     serving = card.pop("serving")
     assert card == json.loads(json.dumps(model_card(model_dir)))
     assert serving["engine"] == "torch" and serving["limits"]["max_lines"] == 6
+    assert serving["running"] == "on cpu in float32"  # the engine's own words: device and dtype
     assert card["target_languages"] == [] and serving["defaults"]["target_lang"] == ""
     text = client.get("/info", params={"format": "text"})
     assert text.headers["content-type"].startswith("text/plain")
     assert "model card" in text.text and "transformer: d 32" in text.text and "serving engine: torch" in text.text
+
+
+def test_info_says_which_dtype_runs_where_auto_was_asked(model_dir):
+    options = TranslateOptions(**{**CPU, "dtype": "auto"})
+    resolved = open_engine([str(model_dir)], options).description
+    with start_app([str(model_dir)], options) as auto_client:
+        serving = auto_client.get("/info").json()["serving"]
+        text = auto_client.get("/info", params={"format": "text"}).text
+    assert serving["dtype"] == "auto" and serving["running"] == resolved
+    assert resolved.startswith("on cpu in ") and resolved.split(" in ")[1] in ("float32", "bfloat16")
+    assert f"serving running: {resolved}\n" in text
 
 
 def test_ctranslate2_engine_answers_like_translate(model_dir, tmp_path):

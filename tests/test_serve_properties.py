@@ -96,7 +96,7 @@ def served(tmp_path_factory, reversal_spm):
     options = TranslateOptions(device="cpu", dtype="float32")
     batcher = Batcher(open_engine([model_dir], options), options, 0.0, options.batch_tokens,
                       max_search_bytes=LIMITS.max_search_bytes)
-    with TestClient(create_app(batcher, serving_card([model_dir], options, LIMITS, 0.0), LIMITS)) as client:
+    with TestClient(create_app(batcher, serving_card([model_dir], options, LIMITS, 0.0, batcher.engine.description), LIMITS)) as client:
         yield client
 
 

@@ -49,7 +49,7 @@ def app_client(model_dir: Path, limits: Limits = LIMITS, window_s: float = 0.0, 
     options = TranslateOptions(**CPU)
     batcher = Batcher(open_engine([str(model_dir)], options), options, window_s, options.batch_tokens,
                       max_search_bytes=limits.max_search_bytes)
-    card = serving_card([str(model_dir)], options, limits, window_s * 1000)
+    card = serving_card([str(model_dir)], options, limits, window_s * 1000, batcher.engine.description)
     return TestClient(create_app(batcher, card, limits, api_key))
 
 

@@ -190,8 +190,10 @@ def card_text(card: dict[str, Any]) -> str:
     return buffer.getvalue() + "".join(f"serving {key}: {value}\n" for key, value in serving.items())
 
 
-def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: float) -> dict[str, Any]:
-    """The model card plus how this server runs it (engine, limits, decode defaults)."""
+def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: float, running: str) -> dict[str, Any]:
+    """The model card plus how this server runs it (engine, limits, decode defaults); ``running``
+    is the engine's own description (device and the dtype it resolved, e.g. ``auto``'s choice, or
+    int8's fallback), where ``dtype`` is the one asked for."""
     from nmtkit.card import model_card
     from nmtkit.translate_files import resolve_engine
 
@@ -200,7 +202,7 @@ def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: 
                                                  "eos_at_limit", "scores", "alignments", "alignment_units",
                                                  "target_lang")}
     card["serving"] = {"engine": resolve_engine(model_dirs, options.engine), "models": [str(m) for m in model_dirs], "device": options.device,
-                       "dtype": options.dtype, "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
+                       "dtype": options.dtype, "running": running, "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
                        "limits": dataclasses.asdict(limits), "defaults": defaults}
     return card
 
@@ -240,7 +242,7 @@ def serve(model_dirs: Sequence[str], options, limits: Limits, host: str, port: i
         engine = open_engine(model_dirs, options)
         target_tag_for(engine.src_vocab, options.target_lang)  # a --target-lang it lacks: refused, as by translate
         console.detail(f"translating {engine.description}")
-        card = serving_card(model_dirs, options, limits, window_ms)
+        card = serving_card(model_dirs, options, limits, window_ms, engine.description)
         sock.listen(2048)  # from here connections wait in the backlog until uvicorn accepts them
         stopping = threading.Event()
         batcher = Batcher(engine, options, window_ms / 1000, options.batch_tokens, Metrics(), limits.max_search_bytes)
