@@ -259,14 +259,14 @@ def base_parser(description: str):
 
 
 def positive_seconds(text: str) -> float:
-    """argparse type: a number of seconds above 0."""
+    """argparse type: a finite number of seconds above 0."""
     import argparse
 
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
     return value
 
