@@ -6,9 +6,10 @@ int32, exactly, so a row's result depends on that row alone. PyTorch's dynamic q
 which nmtkit used before, takes one activation scale per batch, and a line's translation changed
 with the lines batched with it. What batching can still change (float32 attention over other
 padding, carried into a token by rounding), the speed and the BLEU: benchmarks/RESULTS.md,
-"int8 scaled per row"; where the padding's difference comes from: "Attention that ignores the padding". Embeddings, norms, attention and softmax stay float32, and so do
-LSTM/GRU cells. Where fbgemm's kernels are missing (ARM, x86 without AVX2), ``quantize_int8``
-falls back to PyTorch's dynamic quantisation, per-batch scale and all.
+"int8 scaled per row"; where that padding's difference comes from: "Attention that ignores the
+padding". Embeddings, norms, attention and softmax stay float32, and so do LSTM/GRU cells.
+Where fbgemm's kernels are missing (ARM, x86 without AVX2), ``quantize_int8`` falls back to
+PyTorch's dynamic quantisation, per-batch scale and all.
 
 How: fbgemm's int8 product takes one input scale, so each row is divided by its largest
 magnitude, quantised with the scale 1/63 (7 bits: x86's 8-bit kernels sum pairs of products

@@ -201,8 +201,9 @@ def serving_card(model_dirs: Sequence[str], options, limits: Limits, window_ms: 
     defaults = {f: getattr(options, f) for f in ("beam_size", "nbest", "lenpen", "max_len_a", "max_len_b", "min_len",
                                                  "eos_at_limit", "scores", "alignments", "alignment_units",
                                                  "target_lang")}
-    card["serving"] = {"engine": resolve_engine(model_dirs, options.engine), "models": [str(m) for m in model_dirs], "device": options.device,
-                       "dtype": options.dtype, "running": running, "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
+    card["serving"] = {"engine": resolve_engine(model_dirs, options.engine), "models": [str(m) for m in model_dirs],
+                       "device": options.device, "dtype": options.dtype, "running": running,
+                       "batch_tokens": options.batch_tokens, "batch_window_ms": window_ms,
                        "limits": dataclasses.asdict(limits), "defaults": defaults}
     return card
 
