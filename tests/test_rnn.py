@@ -267,7 +267,8 @@ def exact_match(pred: torch.Tensor, tgt_out: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("attention", ["bahdanau", "luong-dot", "luong-general"])
 def test_learns_reversal(attention):
-    """A tiny LSTM with attention learns to reverse 6-8 symbols (>90% exact match, greedy); ~15 s each."""
+    """A tiny LSTM with attention learns to reverse 6-8 symbols (>90% exact match, greedy, on 300
+    held-out lines checked every 100 updates: training stops at the first check that clears the bar)."""
     torch.manual_seed(0)
     cfg = tiny_cfg(cell="lstm", attention=attention, embed_dim=32, hidden_dim=64, encoder_layers=1,
                    decoder_layers=1, input_feed=True)
@@ -289,7 +290,7 @@ def test_learns_reversal(attention):
             model.eval()
             with torch.no_grad():
                 accuracy = exact_match(greedy(model, test_src, 9), test_out)
-            if accuracy > 0.95:
+            if accuracy > 0.9:
                 break
     print(f"{attention}: {accuracy:.3f} exact match after {step} steps, {time.monotonic() - start:.1f}s")
     assert accuracy > 0.9
