@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_sweep import ENV, results_of, sweep_cli, without_timing, write_sweep, write_task
+from test_sweep import ENV, results_of, sweep_here, without_timing, write_sweep, write_task
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sweep.py"
 VARIANTS = [{"name": "base"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
@@ -40,7 +40,7 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu_sweep")
     write_task(root)
     serial = write_sweep(root, "serial", variants=VARIANTS, seeds=[1], splits=1, overrides=STEPS)
-    assert sweep_cli(serial).returncode == 0
+    assert sweep_here(serial).returncode == 0
     parallel = write_sweep(root, "parallel", variants=VARIANTS, seeds=[1], splits=1, overrides=STEPS)
     refused = gpu_sweep(parallel, "--device", "cpu")
     prepared = gpu_sweep(parallel, "--prepare")
@@ -87,14 +87,17 @@ def test_runs_side_by_side_give_the_sequential_sweeps_results(swept):
     assert sorted(r["run"] for r in summary["runs"]) == sorted(RUNS) and summary["ended"] == {"done": 2}
     first, second = sorted(summary["runs"], key=lambda r: r["started"])
     assert second["started"] < first["started"] + first["seconds"]  # they ran at the same time
-    again = sweep_cli(parallel)
+    again = sweep_here(parallel)
     assert again.returncode == 0 and again.stderr.count("finished earlier with these settings, skipped") == 2
 
 
 def test_a_run_it_stops_resumes_under_nmtkit_sweep(swept):
+    """The stop reaches the run within about half a second (gpu_sweep.py's poll), hundreds of
+    steps before it would end; validating only at the end keeps the resumed rest short."""
     root = swept[0]
     long = write_sweep(root, "long", variants=VARIANTS[:1], seeds=[1], splits=1,
-                       overrides={**STEPS, "train.max_steps": 1000, "train.save_every": 50})
+                       overrides={**STEPS, "train.max_steps": 500, "train.save_every": 10,
+                                  "train.validate_every": 500})
     assert gpu_sweep(long, "--prepare").returncode == 0
     process = subprocess.Popen([sys.executable, str(SCRIPT), str(long), "--device", "cpu", "--threads", "1"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
@@ -107,7 +110,7 @@ def test_a_run_it_stops_resumes_under_nmtkit_sweep(swept):
     assert process.wait(timeout=120) == 0, process.stderr.read()
     stopped = record(root / "long", "base,seed=1,split=0")
     assert stopped["status"] == "stopped" and stopped["exit_code"] == 143 and stopped["sessions"] == 1
-    resumed = sweep_cli(long)
+    resumed = sweep_here(long)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from step_" in (run_dir / "run.log").read_text()
     assert record(root / "long", "base,seed=1,split=0")["sessions"] == 2

@@ -1,9 +1,13 @@
-"""``nmtkit sweep`` through the real command line on a tiny generated task: variants sharing one
-prepare, the results table and its p-values, skipping finished variants, ``--only``, a kill
-mid-sweep and its resume, ``--dry-run`` and one-line errors for bad sweep files."""
+"""``nmtkit sweep`` on a tiny generated task: variants sharing one prepare, the results table and
+its p-values, skipping finished variants, ``--only``, a kill mid-sweep and its resume,
+``--dry-run`` and one-line errors for bad sweep files. The first sweep, the killed one and the
+one-line errors run the real command line; the other sweeps run ``main`` in this process (their
+runs are still `nmtkit run` children), which spares each a start-up and torch's import."""
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
 import json
 import os
 import signal
@@ -53,6 +57,29 @@ def sweep_cli(*args: str) -> subprocess.CompletedProcess:
     result = run_cli("sweep", *map(str, args))
     result.stdout, result.stderr = result.stdout.decode(), result.stderr.decode()
     return result
+
+
+def sweep_here(*args) -> subprocess.CompletedProcess:
+    """``nmtkit sweep ARGS`` through ``nmtkit.cli.main`` in this process, returned as sweep_cli
+    returns it: the same code as the command, less the interpreter's start-up. Its runs get
+    sweep_cli's environment; the environment is put back after."""
+    from nmtkit.cli import main
+
+    out, err, environ = io.StringIO(), io.StringIO(), dict(os.environ)
+    try:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            patch.setenv("OMP_NUM_THREADS", "1")
+            patch.setattr(sys, "argv", ["nmtkit", "sweep", *map(str, args)])
+            with pytest.raises(SystemExit) as stopped:
+                main()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    code = stopped.value.code
+    if isinstance(code, str):  # as the interpreter reports SystemExit("message")
+        err.write(code + "\n")
+        code = 1
+    return subprocess.CompletedProcess(["nmtkit", "sweep", *map(str, args)], code or 0, out.getvalue(), err.getvalue())
 
 
 def results_of(sweep_dir: Path) -> dict:
@@ -174,21 +201,23 @@ def test_finished_variants_are_skipped(finished):
     _, sweep, sweep_dir, _ = finished
     before = results_of(sweep_dir)
     checkpoints = sorted(p.name for p in (sweep_dir / "variants" / "fast" / "train" / "checkpoints").iterdir())
-    result = sweep_cli(sweep)
+    result = sweep_here(sweep)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("finished earlier with these settings, skipped") == 2
     assert results_of(sweep_dir) == before
     assert sorted(p.name for p in (sweep_dir / "variants" / "fast" / "train" / "checkpoints").iterdir()) == checkpoints
 
 
-def test_plot_overlays_the_variants(finished, tmp_path):
+def test_plot_overlays_the_variants(finished, tmp_path, monkeypatch, capsys):
+    from support.cli import cli
+
     from nmtkit.sweep.plan import sweep_runs
 
     _, _, sweep_dir, _ = finished
     assert [name for name, _ in sweep_runs(sweep_dir)] == ["baseline", "fast"]
     out = tmp_path / "curves.png"
-    result = run_cli("plot", str(sweep_dir), "-o", str(out))
-    assert result.returncode == 0, result.stderr.decode()
+    code, err = cli(monkeypatch, capsys, "plot", str(sweep_dir), "-o", str(out))
+    assert code == 0, err
     assert out.stat().st_size > 10_000
 
 
@@ -196,7 +225,7 @@ def test_only_then_killed_sweep_resumes_where_it_stopped(finished, tmp_path):
     root, _, reference_dir, _ = finished
     sweep = write_sweep(root, "killed")
     sweep_dir = root / "killed"
-    only = sweep_cli(sweep, "--only", "baseline")
+    only = sweep_here(sweep, "--only", "baseline")
     assert only.returncode == 0, only.stderr
     assert not (sweep_dir / "variants" / "fast").exists()
     assert [row["status"] for row in results_of(sweep_dir)["variants"]] == ["done", "pending"]
@@ -213,7 +242,7 @@ def test_only_then_killed_sweep_resumes_where_it_stopped(finished, tmp_path):
     process.wait()
     assert not (sweep_dir / "variants" / "fast" / "results" / "results.json").exists()
 
-    resumed = sweep_cli(sweep)
+    resumed = sweep_here(sweep)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("finished earlier with these settings, skipped") == 1
     assert "resumed from step_" in (sweep_dir / "variants" / "fast" / "run.log").read_text()
@@ -227,7 +256,7 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
     write_task(tmp_path)
     sweep = write_sweep(tmp_path, "grid", variants=[{"name": "baseline"}, {"name": "vocab", "overrides": ["vocab.size=20"]}],
                         grid={"model.d_model": [16, 32], "model.pre_norm": [False, True]})
-    result = sweep_cli(sweep, "--dry-run")
+    result = sweep_here(sweep, "--dry-run")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "grid").exists()  # nothing written
     lines = result.stderr.splitlines()
@@ -244,7 +273,7 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
         assert row[2] == row[3] == f"{total:,}" and row[4] == "pending"
     assert "2 prepare(s)" in result.stderr
 
-    only = sweep_cli(sweep, "--dry-run", "--only", "vocab", "--only", "d_model=32,pre_norm=true")
+    only = sweep_here(sweep, "--dry-run", "--only", "vocab", "--only", "d_model=32,pre_norm=true")
     assert only.returncode == 0, only.stderr
     lines = only.stderr.splitlines()
     header = next(i for i, l in enumerate(lines) if "variant" in l and "prepare" in l and "settings" in l)
@@ -329,13 +358,13 @@ def test_a_variant_whose_settings_changed_trains_afresh_and_keeps_its_old_run(tm
     """Resuming would train on from the old weights (or find the run finished) and report the
     old model under the new settings."""
     write_task(tmp_path)
-    first = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.01}}]))
+    first = sweep_here(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.01}}]))
     assert first.returncode == 0, first.stderr
     variant = tmp_path / "edit" / "variants" / "v"
     old_bleu = results_of(tmp_path / "edit")["variants"][0]["test_bleu"]
     old_checkpoints = sorted(p.name for p in (variant / "train" / "checkpoints").iterdir())
 
-    again = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003}}]))
+    again = sweep_here(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003}}]))
     assert again.returncode == 0, again.stderr
     assert "v: trained with other settings (train.lr); moved its old train/ to" in " ".join(again.stderr.split())
     [old_run] = variant.glob("train.old-*")
@@ -349,7 +378,7 @@ def test_a_variant_whose_settings_changed_trains_afresh_and_keeps_its_old_run(tm
     assert (record["status"], record["sessions"]) == ("done", 1)
 
     # decoding settings change only the translations: the model stays, dev and test are translated again
-    beam = sweep_cli(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003,
+    beam = sweep_here(write_sweep(tmp_path, "edit", variants=[{"name": "v", "overrides": {"train.lr": 0.003,
                                                                                         "decode.beam_size": 2}}]))
     assert beam.returncode == 0, beam.stderr
     assert len(list(variant.glob("train.old-*"))) == 1 and "training already finished" in (variant / "run.log").read_text()

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import reversal_pairs
-from support.cli import run_cli
-from test_sweep import ENV, results_of, sweep_cli, write_sweep, write_task
+from test_sweep import ENV, results_of, sweep_cli, sweep_here, write_sweep, write_task
 
 VARIANTS = [{"name": "base"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
 RUNS = [f"{v},seed={s},split={k}" for k in (0, 1) for s in (1, 2) for v in ("base", "fast")]
@@ -52,7 +51,7 @@ def replicated(tmp_path_factory):
         time.sleep(0.01)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    resumed = sweep_cli(sweep)
+    resumed = sweep_here(sweep)
     assert resumed.returncode == 0, resumed.stderr
     return root, sweep, sweep_dir, resumed
 
@@ -132,15 +131,17 @@ def test_spread_and_paired_tests_equal_a_hand_computation(replicated):
     assert f"| fast | 4/4 | {fast['mean']:.2f} ± {fast['std']:.2f} | {fast['min']:.2f}–{fast['max']:.2f} |" in markdown
 
 
-def test_plot_draws_the_spread(replicated, tmp_path):
+def test_plot_draws_the_spread(replicated, tmp_path, monkeypatch, capsys):
+    from support.cli import cli
+
     from nmtkit.sweep.plan import sweep_groups
 
     _, _, sweep_dir, _ = replicated
     groups = sweep_groups(sweep_dir)
     assert [(name, len(paths), len(bleus)) for name, paths, bleus in groups] == [("base", 4, 4), ("fast", 4, 4)]
     out = tmp_path / "spread.png"
-    result = run_cli("plot", str(sweep_dir), "-o", str(out))
-    assert result.returncode == 0, result.stderr.decode()
+    code, err = cli(monkeypatch, capsys, "plot", str(sweep_dir), "-o", str(out))
+    assert code == 0, err
     assert out.stat().st_size > 10_000
 
 
@@ -152,7 +153,7 @@ def test_another_baseline_tests_every_other_variant_against_it(replicated):
     _, sweep, sweep_dir, _ = replicated
     before = results_of(sweep_dir)
     try:
-        again = sweep_cli(sweep, "--baseline", "fast")
+        again = sweep_here(sweep, "--baseline", "fast")
         assert again.returncode == 0, again.stderr
         assert (again.stdout + again.stderr).count("finished earlier with these settings") == len(RUNS)
         results = results_of(sweep_dir)
@@ -174,7 +175,7 @@ def test_another_baseline_tests_every_other_variant_against_it(replicated):
         assert runs_by_name["base,seed=1,split=0"].get("p_value") is not None
         assert "against `fast`, the baseline" in (sweep_dir / "results.md").read_text()
     finally:
-        assert sweep_cli(sweep).returncode == 0  # the tables as the other tests read them
+        assert sweep_here(sweep).returncode == 0  # the tables as the other tests read them
     assert results_of(sweep_dir)["groups"] == before["groups"]
 
 
@@ -191,13 +192,13 @@ def test_a_baseline_that_is_no_variant_is_one_line(tmp_path):
     bad = sweep_cli(named, "--dry-run")
     assert bad.returncode == 2 and "baseline: 'fast,seed=1' is not a variant" in bad.stderr
     good = write_sweep(tmp_path, "good", variants=VARIANTS, baseline="fast")
-    assert sweep_cli(good, "--dry-run").returncode == 0
+    assert sweep_here(good, "--dry-run").returncode == 0
 
 
 def test_dry_run_and_command_line_seeds_and_splits(tmp_path):
     write_task(tmp_path)
     sweep = write_sweep(tmp_path, "plain", variants=VARIANTS)
-    result = sweep_cli(sweep, "--dry-run", "--seeds", "3,4,5", "--splits", "2")
+    result = sweep_here(sweep, "--dry-run", "--seeds", "3,4,5", "--splits", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout + result.stderr
     assert "2 variants x 3 seed(s) x 2 split(s) = 12 runs" in out and "2 prepare(s)" in out
