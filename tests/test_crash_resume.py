@@ -4,7 +4,8 @@ A tiny run is killed with SIGKILL at seeded random moments (during a step, a val
 checkpoint or ``best/`` write, a metrics append, or while starting up) and resumed each time;
 it must end with the same weights, optimizer moments, EMA, ``best/`` and metrics, bit for bit,
 as one uninterrupted run, and after every kill each ``step_N`` directory on disk must load.
-SIGINT / SIGTERM must save a checkpoint, exit 130 / 143 and say how to resume.
+SIGINT / SIGTERM must save a checkpoint, exit 130 / 143 and say how to resume. Resume rules
+that need no kill or signal (a finished run, a changed dev set) train in this process.
 
 ``benchmarks/crash_resume.py`` runs the same check as a longer soak with more kills.
 """
@@ -21,6 +22,7 @@ import torch
 import yaml
 
 from conftest import reversal_pairs
+from support.cli import cli_in_process
 from support.resume import (MAX_STEPS, assert_same_final_state, final_state, make_task, newest_step, reference_run,
                             start_and_wait, train_to_end, train_with_kills)
 
@@ -42,19 +44,23 @@ def test_killed_and_resumed_run_matches_uninterrupted_run_bit_for_bit(reference,
     assert not [p for p in (tmp_path / "train" / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_saves_exits_and_resumes_exactly(reference, tmp_path, signum, code):
+def test_signals_save_exit_and_resume_exactly(reference, tmp_path):
+    """SIGINT stops a fresh run, then SIGTERM the resumed one (one run for both signals: each
+    process start costs seconds); each saves a checkpoint, exits 130 / 143 and says how to resume,
+    and the run then ends as the uninterrupted one did."""
     ref_dir, ref_state, _ = reference
     recipe = make_task(tmp_path, prepared_from=ref_dir)
     run_dir = tmp_path / "train"
-    proc = start_and_wait(recipe, run_dir, min_step=4)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == code, err
-    text = " ".join(err.split())  # the console wraps long lines
-    stopped = int(text.split("stopped by signal at step ")[1].split(";")[0])
-    assert "checkpoint saved. Resume with the same `nmtkit train` command." in text
-    assert "Traceback" not in err and newest_step(run_dir) == stopped < MAX_STEPS
+    stopped = 0
+    for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        proc = start_and_wait(recipe, run_dir, min_step=stopped + 4)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, (signum, err)
+        text = " ".join(err.split())  # the console wraps long lines
+        stopped = int(text.split("stopped by signal at step ")[1].split(";")[0])
+        assert "checkpoint saved. Resume with the same `nmtkit train` command." in text
+        assert "Traceback" not in err and newest_step(run_dir) == stopped < MAX_STEPS
     train_to_end(recipe)
     assert_same_final_state(ref_state, final_state(run_dir))
 
@@ -108,34 +114,42 @@ def test_resume_applies_the_recipes_optimizer_settings(before, after):
     torch.testing.assert_close(state["exp_avg"], optimizer.state[model.weight]["exp_avg"])
 
 
-def test_a_run_finished_by_max_epochs_stays_finished_and_a_raised_limit_goes_on(tmp_path):
+def train_in_process(monkeypatch, capsys, recipe: Path) -> str:
+    """``nmtkit -q train RECIPE`` in this process (no kill involved), one thread as ``ENV``; its stderr."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    code, _, err = cli_in_process(monkeypatch, capsys, "-q", "train", str(recipe))
+    assert code == 0, err
+    return err
+
+
+def test_a_run_finished_by_max_epochs_stays_finished_and_a_raised_limit_goes_on(tmp_path, monkeypatch, capsys):
     """A run ended by train.max_epochs once looked unfinished: each re-run validated again,
-    appended a duplicate record and rewrote its last checkpoint."""
+    appended a duplicate record and rewrote its last checkpoint. (Each run in this process.)"""
     recipe = make_task(tmp_path, max_steps=100000)
     settings = yaml.safe_load(recipe.read_text())
     settings["train"].update(max_epochs=2, save_every=1000, validate_every=1000)
     recipe.write_text(yaml.safe_dump(settings))
-    train_to_end(recipe)
+    train_in_process(monkeypatch, capsys, recipe)
     metrics = (tmp_path / "train" / "metrics.jsonl").read_text()
     first = newest_step(tmp_path / "train")
     saved = {p: p.stat().st_mtime_ns for p in (tmp_path / "train" / "checkpoints").rglob("*")}
-    train_to_end(recipe)
+    train_in_process(monkeypatch, capsys, recipe)
     assert (tmp_path / "train" / "metrics.jsonl").read_text() == metrics  # no second validation record
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "train" / "checkpoints").rglob("*")} == saved
     settings["train"]["max_epochs"] = 3
     recipe.write_text(yaml.safe_dump(settings))
-    train_to_end(recipe)
+    train_in_process(monkeypatch, capsys, recipe)
     assert newest_step(tmp_path / "train") == first + first // 2  # one more epoch of as many updates
 
 
-def test_resume_on_a_changed_dev_set_starts_the_best_score_afresh(tmp_path):
+def test_resume_on_a_changed_dev_set_starts_the_best_score_afresh(tmp_path, monkeypatch, capsys):
     """Scores on another dev set do not compare: the best score and the early-stopping count
-    earned on the old one once carried over silently."""
+    earned on the old one once carried over silently. (Each run in this process.)"""
     from nmtkit.data.ids import save_split
     from nmtkit.data.vocab import Vocab
 
     recipe = make_task(tmp_path, max_steps=4)
-    train_to_end(recipe)
+    train_in_process(monkeypatch, capsys, recipe)
     prepared = tmp_path / "prepared"
     vocab = Vocab(prepared / "spm.model")
     dev = reversal_pairs(20, 7, length=5)
@@ -143,7 +157,7 @@ def test_resume_on_a_changed_dev_set_starts_the_best_score_afresh(tmp_path):
     settings = yaml.safe_load(recipe.read_text())
     settings["train"]["max_steps"] = 8
     recipe.write_text(yaml.safe_dump(settings))
-    resumed = train_to_end(recipe)
-    assert "the dev set changed since step 4 scored the best" in " ".join(resumed.stderr.split())
+    resumed = train_in_process(monkeypatch, capsys, recipe)
+    assert "the dev set changed since step 4 scored the best" in " ".join(resumed.split())
     state = json.loads((tmp_path / "train" / "checkpoints" / "step_00000008" / "trainer.json").read_text())
     assert state["trainer"]["best_step"] == 8 and len(state["trainer"]["dev_sha256"]) == 64

@@ -17,17 +17,18 @@ from pathlib import Path
 import pytest
 
 from conftest import save_tiny_model, tiny_sentences
-from support.cli import run_cli
+from support.cli import cli_in_process, run_cli
 
 COMMANDS = ("prepare", "train", "translate", "serve", "score", "run", "sweep", "average", "plot", "attention", "info",
             "export", "import", "verses")
 
 
-def help_text(*command: str) -> str:
-    """``--help`` as one line of words (rich boxes and line wrapping removed)."""
-    result = run_cli(*command, "--help")
-    assert result.returncode == 0, result.stderr.decode()
-    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stdout.decode("utf-8")).split())
+def help_text(monkeypatch, capsys, *command: str) -> str:
+    """``--help`` as one line of words (rich boxes and line wrapping removed); in this process:
+    the text is a subprocess's but for the program name on its usage line."""
+    code, out, err = cli_in_process(monkeypatch, capsys, *command, "--help")
+    assert code == 0, err
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", out).split())
 
 
 @pytest.fixture(scope="module")
@@ -36,38 +37,54 @@ def model_dir(tmp_path_factory, tiny_spm) -> Path:
 
 
 def one_line_error(result, code: int = 2) -> str:
-    stderr = result.stderr.decode("utf-8")
-    assert result.returncode == code, stderr
+    return one_line(result.returncode, result.stderr.decode("utf-8"), code)
+
+
+def one_line(returncode: int, stderr: str, code: int = 2) -> str:
+    """Exit ``code`` and a stderr of exactly one ``nmtkit: error:`` line (of a subprocess or of
+    ``cli_in_process``)."""
+    assert returncode == code, stderr
     assert "Traceback" not in stderr and stderr.startswith("nmtkit: error: ") and stderr.count("\n") == 1, stderr
     return stderr
 
 
+def translated(monkeypatch, capsys, *args: str, input: str) -> bytes:
+    """stdout of ``nmtkit translate ARGS`` run in this process on ``input`` as its stdin: the
+    bytes to compare a subprocess's output with."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(input.encode("utf-8"))))
+    code, out, err = cli_in_process(monkeypatch, capsys, "translate", *args)
+    assert code == 0, err
+    return out.encode("utf-8")
+
+
 # --- help text -----------------------------------------------------------------------------
 
-def test_help_shows_no_python_types():
+def test_help_shows_no_python_types(monkeypatch, capsys):
     import typer.main
 
     from nmtkit.cli import app
 
     assert sorted(COMMANDS) == sorted(typer.main.get_command(app).commands)  # every command is checked
     for command in ((), *((name,) for name in COMMANDS)):
-        text = help_text(*command)
+        text = help_text(monkeypatch, capsys, *command)
         assert "<bool>" not in text and "<list" not in text, (command, text)
-    translate = help_text("translate")
+    translate = help_text(monkeypatch, capsys, "translate")
     assert "--scores Prefix" in translate  # a flag shows no value placeholder
     assert "-m <path>... Model directory" in translate  # a repeatable option shows its element type
 
 
-def test_help_says_what_run_translates_and_what_alignments_index():
-    assert "translate dev and test" in help_text("run")
-    translate = help_text("translate")
+def test_help_says_what_run_translates_and_what_alignments_index(monkeypatch, capsys):
+    assert "translate dev and test" in help_text(monkeypatch, capsys, "run")
+    translate = help_text(monkeypatch, capsys, "translate")
     assert "source word i is aligned to target word j, words split at whitespace" in translate
     assert "--alignment-units" in translate and "pieces (SentencePiece pieces;" in translate
 
 
 # --- significance verdicts -------------------------------------------------------------------
 
-def test_no_winner_is_named_without_significance(tmp_path):
+def test_no_winner_is_named_without_significance(tmp_path, monkeypatch, capsys):
     refs = tiny_sentences(30, seed=1)
     system = [line if i % 2 else line + " the" for i, line in enumerate(refs)]
     baseline = [line if i % 2 == 0 else line + " the" for i, line in enumerate(refs)]  # as good, other lines
@@ -75,18 +92,21 @@ def test_no_winner_is_named_without_significance(tmp_path):
         (tmp_path / path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     args = ("score", "-r", str(tmp_path / "ref"), "-i", str(tmp_path / "sys"), "--baseline", str(tmp_path / "base"),
             "--resamples", "200", "--metrics", "bleu")
-    result = run_cli(*args, "--json")
-    assert result.returncode == 0, result.stderr.decode()
-    report = json.loads(result.stdout)
+    code, out, err = cli_in_process(monkeypatch, capsys, *args, "--json")
+    assert code == 0, err
+    report = json.loads(out)
     bleu = report["significance"]["metrics"]["bleu"]
     assert bleu["delta"] != 0 and bleu["p_value"] >= 0.05  # a difference, not a significant one
     assert (bleu["better"], bleu["significant"], report["significance"]["alpha"]) == ("none", False, 0.05)
-    table = run_cli(*args).stdout.decode("utf-8")
+    code, table, err = cli_in_process(monkeypatch, capsys, *args)
+    assert code == 0, err
     assert "no significant difference" in table and "system better" not in table
     # the same data at a level the p-value is below names the system that scores higher
-    generous = json.loads(run_cli(*args, "--json", "--alpha", "0.999").stdout)["significance"]["metrics"]["bleu"]
+    code, out, err = cli_in_process(monkeypatch, capsys, *args, "--json", "--alpha", "0.999")
+    generous = json.loads(out)["significance"]["metrics"]["bleu"]
     assert generous["significant"] and generous["better"] == ("system" if bleu["delta"] > 0 else "baseline")
-    assert "alpha must be between 0 and 1" in one_line_error(run_cli(*args, "--alpha", "1.5"))
+    code, _, err = cli_in_process(monkeypatch, capsys, *args, "--alpha", "1.5")
+    assert "alpha must be between 0 and 1" in one_line(code, err)
 
 
 # --- average with fewer checkpoints than asked -----------------------------------------------
@@ -98,20 +118,19 @@ def fake_run(root: Path, model_dir: Path, steps: tuple[int, ...]) -> Path:
     return root
 
 
-def test_average_says_how_many_checkpoints_exist(tmp_path, model_dir):
+def test_average_says_how_many_checkpoints_exist(tmp_path, model_dir, monkeypatch, capsys):
     run = fake_run(tmp_path / "run", model_dir, (10, 20, 30))
-    result = run_cli("average", str(run), "--last", "50")
-    stderr = result.stderr.decode("utf-8")
-    assert result.returncode == 0, stderr
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "average", str(run), "--last", "50")
+    assert code == 0, stderr
     assert "--last 50" in stderr and "holds only 3 checkpoint(s)" in stderr and "averaging those 3" in stderr
     meta = json.loads((run / "averaged" / "config.json").read_text())
     assert meta["averaged_from"] == ["step_00000010", "step_00000020", "step_00000030"]
-    quiet = run_cli("average", str(run), "--last", "2")
-    assert quiet.returncode == 0 and "warning" not in quiet.stderr.decode("utf-8")
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "average", str(run), "--last", "2")
+    assert code == 0 and "warning" not in stderr
 
 
 @pytest.mark.parametrize("change", [{"d_model": 32, "ffn_dim": 64}, {"positions": "rope"}])
-def test_average_refuses_checkpoints_of_another_model(tmp_path, model_dir, tiny_spm, change):
+def test_average_refuses_checkpoints_of_another_model(tmp_path, model_dir, tiny_spm, change, monkeypatch, capsys):
     """Another architecture among the averaged checkpoints (other shapes, or the same shapes with
     another meaning) is one line naming it, never a traceback or a silently wrong average."""
     from nmtkit.config import ModelConfig
@@ -123,10 +142,10 @@ def test_average_refuses_checkpoints_of_another_model(tmp_path, model_dir, tiny_
     other = ModelConfig(**{**base.__dict__, **change})
     size = load_model_dir(model_dir).model.output_proj.weight.shape[0]
     save_model_dir(build_model(other, size, size), other, run / "checkpoints" / "step_00000005", tiny_spm, tiny_spm, {})
-    message = one_line_error(run_cli("average", str(run), "--last", "3", "-o", str(tmp_path / "avg")))
-    assert "step_00000005 is another model than step_00000020" in message
+    code, _, err = cli_in_process(monkeypatch, capsys, "average", str(run), "--last", "3", "-o", str(tmp_path / "avg"))
+    assert "step_00000005 is another model than step_00000020" in one_line(code, err)
     assert not (tmp_path / "avg").exists()
-    assert run_cli("average", str(run), "--last", "2", "-o", str(tmp_path / "avg")).returncode == 0
+    assert cli_in_process(monkeypatch, capsys, "average", str(run), "--last", "2", "-o", str(tmp_path / "avg"))[0] == 0
 
 
 def test_run_says_when_it_averages_fewer_checkpoints_than_average_last(tmp_path, model_dir):
@@ -207,7 +226,7 @@ def test_translate_reads_pipes_and_dev_stdin_and_ignores_a_bom_and_crlf(tmp_path
     assert piped.returncode == 0 and piped.stdout.decode("utf-8") == expected, piped.stderr.decode()
 
 
-def test_score_ignores_a_byte_order_mark_and_crlf(tmp_path):
+def test_score_ignores_a_byte_order_mark_and_crlf(tmp_path, monkeypatch, capsys):
     refs = tiny_sentences(20, seed=3)
     plain = tmp_path / "ref.txt"
     plain.write_text("".join(line + "\n" for line in refs), encoding="utf-8")
@@ -215,9 +234,10 @@ def test_score_ignores_a_byte_order_mark_and_crlf(tmp_path):
     windows.write_bytes(b"\xef\xbb\xbf" + "".join(line + "\r\n" for line in refs).encode("utf-8"))
     scores = {}
     for ref, hyp in ((plain, plain), (plain, windows), (windows, plain)):
-        result = run_cli("score", "-r", str(ref), "-i", str(hyp), "--json", "--metrics", "bleu,chrf,ter")
-        assert result.returncode == 0, result.stderr.decode()
-        scores[ref, hyp] = {name: round(s["score"], 9) for name, s in json.loads(result.stdout)["scores"].items()}
+        code, out, err = cli_in_process(monkeypatch, capsys, "score", "-r", str(ref), "-i", str(hyp), "--json",
+                                        "--metrics", "bleu,chrf,ter")
+        assert code == 0, err
+        scores[ref, hyp] = {name: round(s["score"], 9) for name, s in json.loads(out)["scores"].items()}
     assert scores[plain, plain] == {"bleu": 100.0, "chrf": 100.0, "ter": 0.0}
     assert scores[plain, windows] == scores[windows, plain] == scores[plain, plain]
 
@@ -246,12 +266,11 @@ def test_score_reads_pipes_and_dev_stdin(tmp_path):
 FAST = ("--beam-size", "3", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu")
 
 
-def test_nbest_gives_n_attributable_lines_for_every_input_line(model_dir):
+def test_nbest_gives_n_attributable_lines_for_every_input_line(model_dir, monkeypatch, capsys):
     lines = ["the cat sat", "", "   ", "a dog ran under the mat"]
-    result = run_cli("translate", "-m", str(model_dir), *FAST, "--nbest", "3", "--alignments",
+    out = translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, "--nbest", "3", "--alignments",
                      input="".join(line + "\n" for line in lines))
-    assert result.returncode == 0, result.stderr.decode()
-    rows = [row.split("\t") for row in result.stdout.decode("utf-8").splitlines()]
+    rows = [row.split("\t") for row in out.decode("utf-8").splitlines()]
     assert len(rows) == 3 * len(lines)
     assert [int(row[0]) for row in rows] == [i for i in range(len(lines)) for _ in range(3)]
     assert all(len(row) == 4 for row in rows)  # index, score, text, alignments
@@ -259,14 +278,16 @@ def test_nbest_gives_n_attributable_lines_for_every_input_line(model_dir):
         scores = [float(row[1]) for row in rows[3 * i:3 * i + 3]]
         assert scores == sorted(scores, reverse=True)
     assert rows[3] == ["1", "0.0000", "", ""] and rows[4] == rows[5] == ["1", "-inf", "", ""]
-    assert "exactly N lines per input line" in help_text("translate")
+    assert "exactly N lines per input line" in help_text(monkeypatch, capsys, "translate")
 
 
 # --- -o: never destroy what nmtkit did not create --------------------------------------------
 
-def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_dir):
+def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_dir, monkeypatch, capsys):
+    """The pipe in a subprocess; links and refusals are paths, checked in this process."""
     text = "the cat sat\n\na red dog\n"
-    expected = run_cli("translate", "-m", str(model_dir), *FAST, input=text).stdout
+    expected = translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, input=text)
+    assert expected.count(b"\n") == 3
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     received = []
@@ -280,11 +301,11 @@ def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_di
     target, link = tmp_path / "real.txt", tmp_path / "link.txt"
     target.write_text("old\n")
     link.symlink_to(target)
-    assert run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(link), input=text).returncode == 0
+    assert translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, "-o", str(link), input=text) == b""
     assert link.is_symlink() and target.read_bytes() == expected  # the link is followed, not replaced
     device_link = tmp_path / "null"
     device_link.symlink_to("/dev/null")
-    assert run_cli("translate", "-m", str(model_dir), *FAST, "-o", str(device_link), input=text).returncode == 0
+    assert translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, "-o", str(device_link), input=text) == b""
     assert Path("/dev/null").is_char_device() and device_link.is_symlink()
 
     plain = tmp_path / "plain.txt"
@@ -292,23 +313,24 @@ def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_di
     for output, fragment in (("", "-o is empty"), (str(tmp_path), "is a directory"),
                              (str(plain / "out.txt"), f"{plain} is not a directory")):
         # checked before the model is even looked for: the (missing) model is not the error
-        message = one_line_error(run_cli("translate", "-m", str(tmp_path / "no-model"), "-o", output, input=text))
-        assert fragment in message
+        code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(tmp_path / "no-model"), "-o", output)
+        assert fragment in one_line(code, err)
     assert plain.read_text() == "mine\n"
     alias = tmp_path / "alias.txt"
     alias.symlink_to(plain)
     for output in (plain, alias):  # the input itself, or a link to it: never replaced by its translation
-        message = one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-i", str(plain), "-o", str(output)))
-        assert "is the input file" in message
+        code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain),
+                                      "-o", str(output))
+        assert "is the input file" in one_line(code, err)
     assert plain.read_text() == "mine\n" and alias.is_symlink()
 
 
 
-def test_translate_to_open_descriptors_and_dashes(tmp_path, model_dir):
+def test_translate_to_open_descriptors_and_dashes(tmp_path, model_dir, monkeypatch, capsys):
     """``-o /dev/stdout`` writes through the descriptor: a ``>>`` file keeps what it held (it
     was once replaced), a pipe stays a pipe (was a missing /proc path); ``-`` is stdin/stdout."""
     text = "the cat sat\n\na red dog\n"
-    expected = run_cli("translate", "-m", str(model_dir), *FAST, input=text).stdout
+    expected = translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, input=text)
     assert expected.count(b"\n") == 3
     command = [sys.executable, "-m", "nmtkit", "translate", "-m", str(model_dir), *FAST]
     appended = tmp_path / "all.txt"
@@ -369,7 +391,8 @@ def tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_dir):
+def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_dir, monkeypatch, capsys):
+    """In this process: what is checked is the files each command leaves, and its one-line error."""
     run = fake_checkpoints(tmp_path / "run", model_dir, (10, 20))
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -385,19 +408,20 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
                 ("export", str(model_dir), "-o", str(model_dir)),
                 ("plot", str(run), "-o", str(mine)), ("attention", "-m", str(model_dir), "the cat", "-o", str(mine))]
     for args in refusals:
-        assert "-o" in one_line_error(run_cli(*args)), args
+        code, _, err = cli_in_process(monkeypatch, capsys, *args)
+        assert "-o" in one_line(code, err), args
     assert tree(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine", "plain.txt", "run"]
     averaged = tmp_path / "averaged"
     for _ in range(2):  # a model directory that average wrote may be replaced
-        result = run_cli("average", str(run), "-o", str(averaged))
-        assert result.returncode == 0, result.stderr.decode()
+        code, _, err = cli_in_process(monkeypatch, capsys, "average", str(run), "-o", str(averaged))
+        assert code == 0, err
     assert sorted(p.name for p in averaged.iterdir()) == ["checksums.json", "config.json", "model.safetensors", "spm.model"]
     # a `.averaged.old` of the user's own is where a replacement once parked the old copy: never removed
     theirs = tmp_path / ".averaged.old"
     theirs.mkdir()
     (theirs / "notes.txt").write_text("keep me\n")
-    result = run_cli("average", str(run), "-o", str(averaged))
-    assert result.returncode == 0, result.stderr.decode()
+    code, _, err = cli_in_process(monkeypatch, capsys, "average", str(run), "-o", str(averaged))
+    assert code == 0, err
     assert (theirs / "notes.txt").read_text() == "keep me\n" and sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".averaged.old", "averaged", "mine", "plain.txt", "run"]
     assert (averaged / "model.safetensors").is_file()
@@ -443,7 +467,7 @@ def start_translation(model_dir: Path, output: Path) -> subprocess.Popen:
     deadline = time.monotonic() + 300
     while not list(output.parent.glob(f".{output.name}.nmtkit-*.tmp")):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()
-        time.sleep(0.2)
+        time.sleep(0.01)
     return process
 
 
@@ -473,15 +497,16 @@ def test_temp_files_of_killed_translations_are_removed(tmp_path, model_dir):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unrelated.name, "out.txt"])
 
 
-def test_invalid_utf8_while_streaming_says_what_was_written(tmp_path, model_dir):
+def test_invalid_utf8_while_streaming_says_what_was_written(tmp_path, model_dir, monkeypatch, capsys):
     good = ["the cat sat", "", "a dog", "the red house", "on the mat"]
     data = "".join(line + "\n" for line in good).encode("utf-8") + b"the \xff dog\nthe cat\n"
-    expected = run_cli("translate", "-m", str(model_dir), *FAST, input="".join(line + "\n" for line in good))
+    expected = translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, input="".join(line + "\n" for line in good))
+    assert expected.count(b"\n") == 5
     result = run_cli("translate", "-m", str(model_dir), *FAST, input=data)
     message = one_line_error(result)
     assert "<stdin>: line 6 is not valid UTF-8" in message
     assert "the 5 line(s) before it were translated and written to stdout" in message
-    assert result.stdout == expected.stdout  # exactly the lines before the bad one
+    assert result.stdout == expected  # exactly the lines before the bad one
     out = tmp_path / "out.txt"
     message = one_line_error(run_cli("-q", "translate", "-m", str(model_dir), *FAST, "-o", str(out), input=data))
     assert f"line 6 is not valid UTF-8 (byte 4); nothing was written to {out}" in message
@@ -497,8 +522,8 @@ def test_invalid_utf8_after_whole_chunks_says_what_was_written(model_dir, monkey
 
     good = ["the cat sat", "", "a dog", "the red house", "on the mat"]
     for before in (5, 4):
-        expected = run_cli("translate", "-m", str(model_dir), *FAST,
-                           input="".join(line + "\n" for line in good[:before])).stdout.decode("utf-8")
+        expected = translated(monkeypatch, capsys, "-m", str(model_dir), *FAST,
+                              input="".join(line + "\n" for line in good[:before])).decode("utf-8")
         data = "".join(line + "\n" for line in good[:before]).encode("utf-8") + b"the \xff dog\nthe cat\n"
         monkeypatch.setattr(sys, "argv", ["nmtkit", "translate", "-m", str(model_dir), *FAST, "--chunk-lines", "2"])
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
