@@ -295,6 +295,10 @@ def main(argv=None) -> dict:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if args.tiny:  # tiny shapes gain nothing from intra-op threads and lose much on a busy machine
         import torch
+        # torch.optim imports torch._dynamo with the first optimizer: seconds on a slow CPU, paid again
+        # in every forked part and command that trains, most of a tiny one. Imported here, they inherit
+        # it. (At full size the parts import it themselves, as the figures in RESULTS.md were measured.)
+        import torch._dynamo  # noqa: F401
 
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)  # forked parts inherit it

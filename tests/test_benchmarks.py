@@ -87,8 +87,9 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
     assert train[0]["tgt_tok_s"] > 0 and train[0]["peak_rss_mib"] > 50 and train[0]["mfu_pct"] > 0
     assert train[0]["matmul_peak"]["seconds_each"] == 0.05  # a quick peak: it is not what this test is about
     has_ct2 = decode_speed.available("ct2")
-    engines = "torch:float32:2,torch:float32:2:w2,torch:int8:1" + \
-        (",ct2:float32:1,ct2direct:float32:1,ct2direct:float32:1:w2" if has_ct2 else "")
+    # each configuration is a fresh process (seconds of imports), so each engine path runs once; on
+    # one thread ct2direct's :w2 searches one batch at a time, as its default (the forced run) does
+    engines = "torch:float32:2,torch:int8:1" + (",ct2:float32:1,ct2direct:float32:1:w2" if has_ct2 else "")
     forced_engines = "torch:float32:2" + (",ct2direct:int8:2" if has_ct2 else "")
     decode = decode_speed.main([*shared, "--configs", engines, "--forced-configs", forced_engines,
                                 "--forced-len", "3", "--max-sentences", "8", "--warmup", "2", "--keep-outputs",
@@ -100,29 +101,30 @@ def test_train_decode_and_startup_benchmarks_write_results(trained, tmp_path):
 
     assert [r["config"] for r in decode] == [tag(c) for c in engines.split(",")] + \
         [tag(c) + "-forced3" for c in forced_engines.split(",")]
-    assert [r["workers"] for r in decode[:2]] == [0, 2]
     # two batches side by side on two threads translate as one batch at a time did
     side = decode_speed.main([*shared[:-1], "2", "--configs", "torch:float32:2:w2", "--forced-len", "0",
                               "--max-sentences", "8", "--warmup", "2", "--batch-tokens", "40", "--keep-outputs",
                               "--out", str(tmp_path / "side"), "--peak-seconds", "0.05"])
+    assert [(r["config"], r["workers"]) for r in decode[:1] + side] == [("torch-float32-b2", 0),
+                                                                         ("torch-float32-b2-w2", 2)]
     assert side[0]["threads_used"] == 2 and side[0]["tgt_tokens"] == decode[0]["tgt_tokens"]
     assert (tmp_path / "side" / "torch-float32-b2-w2.txt").read_text() == \
         (tmp_path / "torch-float32-b2.txt").read_text()
     with pytest.raises(SystemExit, match="ct2:int8:4:w2: :wN applies to torch and ct2direct only"):
         decode_speed.parse_configs("torch:bf16:4:w2,ct2:int8:4:w2")
-    float32 = [r for r in decode if r["dtype"] == "float32"]
+    float32 = [r for r in decode + side if r["dtype"] == "float32"]
     assert float32 and all(r["matmul_peak_seconds"] == 0.05 and "mfu_pct" in r for r in float32)
     for seconds in ("0", "inf"):  # no peak to divide by, or one never measured: refused by argparse
         with pytest.raises(SystemExit) as refused:
             decode_speed.main([*shared, "--peak-seconds", seconds])
         assert refused.value.code == 2
-    for record in decode:
+    for record in decode + side:
         assert record["sentences"] == 8 and record["sent_s"] > 0
-    assert all("bleu" in r for r in decode if not r["forced_len"])
+    assert all("bleu" in r for r in decode + side if not r["forced_len"])
     for forced in (r for r in decode if r["forced_len"]):
         assert forced["tgt_tokens"] == 8 * 3, forced["config"]  # exactly the forced length per sentence
     if has_ct2:  # CTranslate2 alone and through nmtkit: same export, same greedy search, same lines
-        direct = (tmp_path / "ct2direct-float32-b1.txt").read_text(encoding="utf-8")
+        direct = (tmp_path / "ct2direct-float32-b1-w2.txt").read_text(encoding="utf-8")
         assert direct == (tmp_path / "ct2-float32-b1.txt").read_text(encoding="utf-8")
         assert len(direct.splitlines()) == 8
     records = startup.main([*shared, "--repeats", "1"])

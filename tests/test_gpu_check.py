@@ -104,7 +104,7 @@ def test_speed_figures_are_numbers_and_skips_say_why(check):
 
 def test_the_profile_names_where_an_update_spends_its_time(check):
     profile = check[0]["parts"]["profile"]["result"]
-    assert profile["updates"] == 8 and profile["wall_ms_per_update"] > 0
+    assert profile["updates"] == 4 and profile["wall_ms_per_update"] > 0  # the tiny mode's 4
     assert profile["device_busy_pct"] is None and profile["kernels_per_update"] == 0  # no CUDA kernels on a CPU
     names = [row["name"] for row in profile["top_host"]]
     assert len(names) == 15 and len(set(names)) == 15
@@ -207,7 +207,8 @@ def test_a_check_stopped_from_outside_ends_its_part_and_keeps_what_finished(tmp_
             if record.get("parts", {}).get("resume", {}).get("status") == "running":
                 break
             time.sleep(0.05)
-        time.sleep(1.0)  # into the part: its training processes are running
+        while time.monotonic() < deadline and len(processes_marked(marker)) < 3:
+            time.sleep(0.05)  # into the part: beside the check and the part, a training process runs
         check.send_signal(signal.SIGTERM)
         _, stderr = check.communicate(timeout=30)
     finally:
