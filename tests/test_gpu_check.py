@@ -209,6 +209,7 @@ def test_a_check_stopped_from_outside_ends_its_part_and_keeps_what_finished(tmp_
             time.sleep(0.05)
         while time.monotonic() < deadline and len(processes_marked(marker)) < 3:
             time.sleep(0.05)  # into the part: beside the check and the part, a training process runs
+        assert len(processes_marked(marker)) >= 3, "no training process of the part started"
         check.send_signal(signal.SIGTERM)
         _, stderr = check.communicate(timeout=30)
     finally:

@@ -92,12 +92,12 @@ def test_runs_side_by_side_give_the_sequential_sweeps_results(swept):
 
 
 def test_a_run_it_stops_resumes_under_nmtkit_sweep(swept):
-    """The stop reaches the run within about half a second (gpu_sweep.py's poll), hundreds of
-    steps before it would end; validating only at the end keeps the resumed rest short."""
+    """The stop reaches the run within about half a second (gpu_sweep.py's poll), long before its
+    1,000 steps end even on a fast CPU; validating only at the end keeps the resumed rest short."""
     root = swept[0]
     long = write_sweep(root, "long", variants=VARIANTS[:1], seeds=[1], splits=1,
-                       overrides={**STEPS, "train.max_steps": 500, "train.save_every": 10,
-                                  "train.validate_every": 500})
+                       overrides={**STEPS, "train.max_steps": 1000, "train.save_every": 10,
+                                  "train.validate_every": 1000})
     assert gpu_sweep(long, "--prepare").returncode == 0
     process = subprocess.Popen([sys.executable, str(SCRIPT), str(long), "--device", "cpu", "--threads", "1"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)

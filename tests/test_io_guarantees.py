@@ -107,6 +107,7 @@ def test_no_winner_is_named_without_significance(tmp_path, monkeypatch, capsys):
     assert generous["significant"] and generous["better"] == ("system" if bleu["delta"] > 0 else "baseline")
     code, _, err = cli_in_process(monkeypatch, capsys, *args, "--alpha", "1.5")
     assert "alpha must be between 0 and 1" in one_line(code, err)
+    assert "alpha must be between 0 and 1" in one_line_error(run_cli(*args, "--alpha", "1.5"))  # a real process too
 
 
 # --- average with fewer checkpoints than asked -----------------------------------------------
@@ -322,6 +323,9 @@ def test_translate_output_to_a_pipe_a_link_and_refused_places(tmp_path, model_di
         code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(plain),
                                       "-o", str(output))
         assert "is the input file" in one_line(code, err)
+    # once as a real process too: a stray warning on stderr would show there, not in this one
+    assert "is the input file" in one_line_error(run_cli("translate", "-m", str(model_dir), *FAST, "-i", str(plain),
+                                                         "-o", str(alias)))
     assert plain.read_text() == "mine\n" and alias.is_symlink()
 
 
@@ -410,6 +414,8 @@ def test_average_and_export_replace_only_directories_they_wrote(tmp_path, model_
     for args in refusals:
         code, _, err = cli_in_process(monkeypatch, capsys, *args)
         assert "-o" in one_line(code, err), args
+    for args in (refusals[0], refusals[6]):  # as real processes too: a stray warning would show there
+        assert "-o" in one_line_error(run_cli(*args)), args
     assert tree(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine", "plain.txt", "run"]
     averaged = tmp_path / "averaged"
     for _ in range(2):  # a model directory that average wrote may be replaced
