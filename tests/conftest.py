@@ -203,6 +203,24 @@ def write_pairs(root: Path, name: str, pairs: list[tuple[str, str]]) -> dict:
     return {lang: str(path) for lang, path in paths.items()}
 
 
+def two_corpora(root: Path, weights=(1.0, 1.0)) -> dict:
+    """Corpus "rev" (reverse the symbols, tag <2r>) and corpus "copy" (tag <2c>), with a duplicate
+    across them, a test pair reversed in "copy", and an empty pair."""
+    rev = [(s, " ".join(s.split()[::-1])) for s in dict.fromkeys(sequences(80, 1))]
+    copy = [(s, s) for s in dict.fromkeys(sequences(60, 2))]
+    heldout = [(s, " ".join(s.split()[::-1])) for s in sequences(8, 3, length=6)]
+    copy_planted = copy + [rev[0], heldout[1][::-1], ("a b", "")]
+    files = {"rev": {"train": write_pairs(root, "rev.train", rev), "dev": write_pairs(root, "dev", heldout[:4]),
+                     "test": write_pairs(root, "test", heldout[4:])},
+             "copy": {"train": write_pairs(root, "copy.train", copy_planted),
+                      "dev": write_pairs(root, "dev", heldout[:4]), "test": write_pairs(root, "test", heldout[4:])}}
+    corpora = [{"name": "rev", "source": "files", "files": files["rev"], "tag": "<2r>", "weight": weights[0]},
+               {"name": "copy", "source": "files", "files": files["copy"], "tag": "<2c>", "weight": weights[1]}]
+    return {"name": "multi", "workdir": str(root / "work"),
+            "data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": corpora},
+            "vocab": {"size": 20, "workers": 1}, "_sizes": (len(rev), len(copy))}
+
+
 FAST = dict(beam_size=2, max_len_a=0.0, max_len_b=4, device="cpu", dtype="float32")  # translate settings, quick
 
 

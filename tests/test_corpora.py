@@ -2,24 +2,19 @@
 from __future__ import annotations
 
 import gzip
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import sequences, tagged_model, tiny_recipe, write_pairs
+from conftest import sequences, tagged_model, tiny_recipe, two_corpora, write_pairs
 from nmtkit.config import from_dict, load_config
 from nmtkit.errors import ConfigError
-from nmtkit.runtime.console import NmtConsole
 from support.cli import cli_in_process
+from support.text_io import quiet_console
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def quiet_console() -> NmtConsole:
-    return NmtConsole(0, file=io.StringIO(), width=400)
 
 
 # --- recipe rules ------------------------------------------------------------------------------
@@ -74,25 +69,6 @@ def test_the_bidirectional_recipe_loads_and_dry_runs(tmp_path, monkeypatch, caps
 
 
 # --- prepare: tags, per-corpus counts, corpus of each pair -------------------------------------
-
-
-def two_corpora(root: Path, weights=(1.0, 1.0)) -> dict:
-    """Corpus "rev" (reverse the symbols, tag <2r>) and corpus "copy" (tag <2c>), with a duplicate
-    across them, a test pair reversed in "copy", and an empty pair."""
-    rev = [(s, " ".join(s.split()[::-1])) for s in dict.fromkeys(sequences(80, 1))]
-    copy = [(s, s) for s in dict.fromkeys(sequences(60, 2))]
-    heldout = [(s, " ".join(s.split()[::-1])) for s in sequences(8, 3, length=6)]
-    copy_planted = copy + [rev[0], heldout[1][::-1], ("a b", "")]
-    files = {"rev": {"train": write_pairs(root, "rev.train", rev), "dev": write_pairs(root, "dev", heldout[:4]),
-                     "test": write_pairs(root, "test", heldout[4:])},
-             "copy": {"train": write_pairs(root, "copy.train", copy_planted),
-                      "dev": write_pairs(root, "dev", heldout[:4]), "test": write_pairs(root, "test", heldout[4:])}}
-    corpora = [{"name": "rev", "source": "files", "files": files["rev"], "tag": "<2r>", "weight": weights[0]},
-               {"name": "copy", "source": "files", "files": files["copy"], "tag": "<2c>", "weight": weights[1]}]
-    return {"name": "multi", "workdir": str(root / "work"),
-            "data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": corpora},
-            "vocab": {"size": 20, "workers": 1}, "_sizes": (len(rev), len(copy))}
-
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):

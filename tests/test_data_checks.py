@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_recipe
+from conftest import tiny_recipe, two_corpora
 from nmtkit.config import from_dict
 from nmtkit.data.corpora import CorpusStream
 from nmtkit.errors import DataError
 from nmtkit.training.failures import too_few_batches
 from nmtkit.training.startup import check_prepared_settings
-from test_corpora import two_corpora
+from support.text_io import quiet_console
 
 
 def test_a_manifest_that_lost_its_settings_is_an_error_not_an_old_manifest(tmp_path):
@@ -69,7 +69,6 @@ def test_an_epoch_too_small_for_an_update_gives_advice_that_can_help():
 def test_a_corpus_weighted_to_nothing_stops_training_with_the_weights_advice(tmp_path, monkeypatch, capsys):
     from support.cli import cli_in_process
     from nmtkit.data.prepare import prepare
-    from test_corpora import quiet_console
 
     recipe = two_corpora(tmp_path)
     recipe.pop("_sizes")

@@ -8,11 +8,10 @@ import math
 
 import pytest
 
-from test_search import A, B_, C, ScriptedModel, src_of
-
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import beam_search, greedy_search
 from nmtkit.specials import EOS
+from support.search_models import A, B_, C, ScriptedModel, src_of
 
 # key 12, limit 2: "a a" is likely (0.54) but the model would rather not stop there (EOS 0.2);
 # "b" ends on its own (0.4 * 0.5 = 0.2), "b c" is cut by the limit (0.12, EOS certain after it)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_sweep import ENV, results_of, sweep_here, without_timing, write_sweep, write_task
+from support.sweeps import ENV, results_of, sweep_here, without_timing, write_sweep, write_task
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sweep.py"
 VARIANTS = [{"name": "base"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]

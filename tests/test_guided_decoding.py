@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.guides import Guide, GuideFiles
@@ -21,6 +20,7 @@ from nmtkit.decoding.translate import TranslateOptions, Translator, translate_li
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.runtime.console import NmtConsole
 from nmtkit.translate_files import translate_file
+from support.guided import FAST, LINES, guided, loaded, trained  # noqa: F401  (module fixtures)
 from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
 
 PIECES, MAX_LEN = [1, 4, 5, 6], 3  # every piece a 7-piece TinyModel can emit (UNK too), up to 3 of them
@@ -175,30 +175,7 @@ def test_prefixes_in_greedy_sampling_beam_and_ensembles():
 
 # ------------------------------------------------------------------ translate on a trained model
 
-@pytest.fixture(scope="module")
-def trained(reversal_spm, tmp_path_factory) -> Path:
-    return train_tiny(reversal_spm, tmp_path_factory.mktemp("guided") / "model", steps=80)
-
-
-@pytest.fixture(scope="module")
-def loaded(trained):
-    from nmtkit.modeldir import load_model_dir
-
-    return [load_model_dir(trained)]
-
-
-LINES = [s for s, _ in reversal_pairs(8, 21, length=6)]
-FAST = dict(device="cpu", dtype="float32", max_len_a=1.0, max_len_b=6)
-
-
-def guided(loaded, guides, **settings) -> list[str]:
-    from nmtkit.decoding.torch_engine import TorchEngine
-
-    options = TranslateOptions(**{**FAST, **settings})
-    return Translator(TorchEngine.from_loaded(loaded, options), options).translate(LINES, guides=guides)
-
-
-def test_outputs_start_with_exactly_their_prefix(loaded, reversal_spm, tmp_path):
+def test_outputs_start_with_exactly_their_prefix(loaded, reversal_spm, tmp_path):  # noqa: F811
     from nmtkit.modeldir import load_model_dir, save_model_dir
     from nmtkit.models.build import build_model
 
@@ -221,7 +198,7 @@ def test_outputs_start_with_exactly_their_prefix(loaded, reversal_spm, tmp_path)
     assert greedy[0] == plain[0] and greedy[4] == plain[4]
 
 
-def test_constraints_appear_in_every_output(loaded):
+def test_constraints_appear_in_every_output(loaded):  # noqa: F811
     plain = translate_lines(loaded, LINES, TranslateOptions(beam_size=4, **FAST))
     sets = [["j"], ["b c"], [], ["a", "h i"], ["e f g"], ["d", "d"], ["i"], ["c", "j a"]]
     for beam in (1, 4):
@@ -243,7 +220,7 @@ def write(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def test_files_without_constraints_or_prefixes_decode_byte_identically(trained, tmp_path):
+def test_files_without_constraints_or_prefixes_decode_byte_identically(trained, tmp_path):  # noqa: F811
     source = write(tmp_path / "in.txt", LINES + ["", "b a"])
     console = NmtConsole(verbosity=-1)
     options = TranslateOptions(beam_size=3, nbest=2, scores=True, **FAST)
@@ -294,7 +271,7 @@ def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, m
     assert capsys.readouterr().out == ""
 
 
-def test_stdin_longer_or_shorter_than_the_prefix_file_is_an_error(trained, tmp_path, monkeypatch):
+def test_stdin_longer_or_shorter_than_the_prefix_file_is_an_error(trained, tmp_path, monkeypatch):  # noqa: F811
     """A stream cannot be counted first: the mismatch shows where the lines run out, and a file
     output is then not written at all."""
     prefixes = write(tmp_path / "prefix.txt", ["a", "b"])
@@ -307,7 +284,7 @@ def test_stdin_longer_or_shorter_than_the_prefix_file_is_an_error(trained, tmp_p
         assert not (tmp_path / "out.txt").exists()
 
 
-def test_ctranslate2_engine_forces_prefixes_and_refuses_constraints(trained, loaded, tmp_path):
+def test_ctranslate2_engine_forces_prefixes_and_refuses_constraints(trained, loaded, tmp_path):  # noqa: F811
     pytest.importorskip("ctranslate2")
     from nmtkit.ctranslate2.engine import CT2Engine
     from nmtkit.ctranslate2.export import export_ctranslate2

@@ -16,7 +16,7 @@ from nmtkit.decoding.translate import Translator, translate_lines
 from nmtkit.storage.partial import open_partial, partial_dir
 from nmtkit.translate_files import translate_file
 from conftest import options
-from test_translate_io import recording_console, write_lines
+from support.text_io import recording_console, write_lines
 
 
 def crash_after(monkeypatch, chunks: int) -> None:

@@ -1,74 +1,16 @@
 """Search invariants on scripted and tiny random models (CPU, fast)."""
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Optional
 
 import pytest
 import torch
-from torch import Tensor, nn
 
 from nmtkit.decoding.ensemble import EnsembleModel
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.decoding.search import beam_search, greedy_search, length_penalty, sample, sampling_choice
-from nmtkit.models.base import EncoderOut, Selectable, Seq2Seq
 from nmtkit.specials import BOS, EOS, PAD
-from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
-
-A, B_, C = 4, 5, 6  # the scripted model's pieces "a", "b", "c"
-VOCAB = 8
-
-
-@dataclasses.dataclass
-class ScriptedEnc(EncoderOut):
-    key: Tensor  # [B] which script a sentence follows (its first source token)
-
-
-@dataclasses.dataclass
-class ScriptedState(Selectable):
-    key: Tensor  # [rows]
-    prefix: Tensor  # [rows, t] pieces so far (BOS excluded)
-    attn: Optional[Tensor] = None
-
-
-class ScriptedModel(Seq2Seq):
-    """decode_step returns fixed distributions: script[(key, prefix)] = {piece: p}.
-
-    Unlisted prefixes end (EOS with probability 1). Zero probabilities become 1e-12 so
-    every log-probability stays finite. Records the rows of every decode_step call.
-    """
-
-    def __init__(self, script: dict) -> None:
-        super().__init__()
-        self.script = script
-        self.calls: list[int] = []
-
-    def encode(self, src, src_mask):
-        return ScriptedEnc(memory=src_mask[:, :, None].float(), src_mask=src_mask, key=src[:, 0].clone())
-
-    def init_state(self, enc, beam=1):
-        rows = enc.key.size(0) * beam
-        return ScriptedState(enc.key.repeat_interleave(beam), torch.zeros(rows, 0, dtype=torch.long))
-
-    def decode_step(self, prev, enc, state, need_attn=False):
-        self.calls.append(prev.size(0))
-        prefix = torch.cat([state.prefix, prev[:, None]], 1)  # BOS y1 .. yt
-        probs = torch.full((prev.size(0), VOCAB), 1e-12, dtype=torch.float64)
-        for row, (key, pre) in enumerate(zip(state.key.tolist(), prefix.tolist())):
-            for piece, p in self.script.get((key, tuple(pre[1:])), {EOS: 1.0}).items():
-                probs[row, piece] = p
-        attn = None
-        if need_attn:  # attend to source position (step mod |x|): a known alignment
-            mask = enc.src_mask.repeat_interleave(prev.size(0) // enc.key.size(0), 0)
-            attn = nn.functional.one_hot((prefix.size(1) - 1) % mask.sum(1), mask.size(1)).double()
-        return probs.log(), ScriptedState(state.key, prefix, attn)
-
-
-def src_of(keys: list[int], length: int = 3) -> tuple[Tensor, Tensor]:
-    src = torch.tensor([[k] + [A] * (length - 1) for k in keys])
-    return src, src.ne(PAD)
-
+from support.search_models import A, B_, C, ScriptedModel, TinyModel, all_outputs, random_batch, sequence_score, src_of
 
 # key 10: beam 2 finds "b" (0.4 * 0.9 = 0.36), greedy follows "a a" (0.5 * 0.35 = 0.175)
 SCRIPT = {

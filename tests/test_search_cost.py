@@ -10,7 +10,7 @@ from nmtkit.decoding import cost
 from nmtkit.decoding.cost import split_by_cost
 from nmtkit.decoding.guides import Guide, target_ids
 from support.cli import cli_in_process
-from test_guided_decoding import FAST, LINES, guided, loaded, trained  # noqa: F401  (module fixtures)
+from support.guided import FAST, LINES, guided, loaded, trained  # noqa: F401  (module fixtures)
 
 
 def test_calls_are_cut_to_the_bound_widest_first_and_keep_every_line():

@@ -5,9 +5,7 @@ one-line errors run the real command line; the other sweeps run ``main`` in this
 runs are still `nmtkit run` children), which spares each a start-up and torch's import."""
 from __future__ import annotations
 
-import contextlib
 import datetime
-import io
 import json
 import os
 import signal
@@ -19,77 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import reversal_pairs, tiny_recipe
-from support.cli import run_cli
-
-VARIANTS = [{"name": "baseline"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def write_task(root: Path) -> Path:
-    """Generated reversal data as text files and a tiny recipe reading them; returns the recipe."""
-    files = {}
-    for split, count, seed in (("train", 300, 0), ("dev", 20, 1), ("test", 40, 2)):
-        pairs = reversal_pairs(count, seed, length=6)
-        files[split] = {}
-        for lang, side in (("src", 0), ("tgt", 1)):
-            path = root / f"{split}.{lang}"
-            path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
-            files[split][lang] = str(path)
-    recipe = tiny_recipe(root / "unused", data={"files": files},
-                         model={"d_model": 16, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1},
-                         train={"max_steps": 12, "validate_every": 6, "save_every": 3, "log_every": 3,
-                                "average_last": 1, "max_tokens": 300})
-    del recipe["workdir"]
-    path = root / "base.yaml"
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    return path
-
-
-def write_sweep(root: Path, name: str, variants=VARIANTS, **extra) -> Path:
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"recipe": "base.yaml", "workdir": str(root / name), "variants": variants,
-                                    **extra}), encoding="utf-8")
-    return path
-
-
-def sweep_cli(*args: str) -> subprocess.CompletedProcess:
-    result = run_cli("sweep", *map(str, args))
-    result.stdout, result.stderr = result.stdout.decode(), result.stderr.decode()
-    return result
-
-
-def sweep_here(*args) -> subprocess.CompletedProcess:
-    """``nmtkit sweep ARGS`` through ``nmtkit.cli.main`` in this process, returned as sweep_cli
-    returns it: the same code as the command, less the interpreter's start-up. Its runs get
-    sweep_cli's environment; the environment is put back after."""
-    from nmtkit.cli import main
-
-    out, err, environ = io.StringIO(), io.StringIO(), dict(os.environ)
-    try:
-        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            patch.setenv("OMP_NUM_THREADS", "1")
-            patch.setattr(sys, "argv", ["nmtkit", "sweep", *map(str, args)])
-            with pytest.raises(SystemExit) as stopped:
-                main()
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-    code = stopped.value.code
-    if isinstance(code, str):  # as the interpreter reports SystemExit("message")
-        err.write(code + "\n")
-        code = 1
-    return subprocess.CompletedProcess(["nmtkit", "sweep", *map(str, args)], code or 0, out.getvalue(), err.getvalue())
-
-
-def results_of(sweep_dir: Path) -> dict:
-    return json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))
-
-
-def without_timing(results: dict) -> list[dict]:
-    """The rows without what depends on the machine's speed and on how many sessions ran."""
-    timing = ("train_tok_s", "train_minutes", "decode_sent_s", "peak_rss_mib")
-    return [{k: v for k, v in row.items() if k not in timing} for row in results["variants"]]
+from conftest import tiny_recipe
+from support.sweeps import ENV, results_of, sweep_cli, sweep_here, without_timing, write_sweep, write_task
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from support.cli import cli_in_process
 from nmtkit.config import load_config
 from nmtkit.errors import ConfigError
 from nmtkit.sweep.spec import load_sweep
-from test_sweep import write_sweep, write_task
+from support.sweeps import write_sweep, write_task
 
 HUGE = "9" * 5000  # past Python's 4,300-digit limit for int <-> str
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import reversal_pairs
-from test_sweep import ENV, results_of, sweep_cli, sweep_here, write_sweep, write_task
+from support.sweeps import ENV, results_of, sweep_cli, sweep_here, write_sweep, write_task
 
 VARIANTS = [{"name": "base"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
 RUNS = [f"{v},seed={s},split={k}" for k in (0, 1) for s in (1, 2) for v in ("base", "fast")]

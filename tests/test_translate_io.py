@@ -21,6 +21,7 @@ from nmtkit.errors import ConfigError
 from nmtkit.runtime.console import NmtConsole
 from nmtkit.storage.partial import partial_dir
 from nmtkit.translate_files import chunk_seed, progress_key, scan_input, translate_file
+from support.text_io import recording_console, write_lines
 
 FLAGS = ("--beam-size", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu", "--dtype", "float32")
 
@@ -72,16 +73,6 @@ def test_a_terminal_stdin_is_translated_line_by_line_without_the_flag(model_dir,
         translate_file([str(model_dir)], None, None, options(), recording_console()[0])
         assert calls == expected_calls  # a terminal: one line per call, each flushed before the next is read
         assert out.getvalue().decode("utf-8") == "".join(t + "\n" for t in translate_lines(loaded, lines, options()))
-
-
-def write_lines(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def recording_console() -> tuple[NmtConsole, io.StringIO]:
-    text = io.StringIO()
-    return NmtConsole(file=text, width=400), text
 
 
 def test_a_crashed_translation_resumes_from_its_saved_chunks(tmp_path, model_dir, loaded, monkeypatch):

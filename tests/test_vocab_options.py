@@ -8,7 +8,6 @@ import io
 import json
 
 import pytest
-from test_prepare_steps import recipe, splits  # noqa: F401 (fixtures)
 
 from nmtkit.config import Config, from_dict, load_config
 from nmtkit.runtime.console import NmtConsole
@@ -16,6 +15,7 @@ from nmtkit.data import prepare as prep
 from nmtkit.data.identity import prepared_settings, settings_changes, with_defaults
 from nmtkit.data.vocab import Vocab, train_spm
 from nmtkit.errors import ConfigError
+from support.planted import recipe, splits  # noqa: F401 (fixtures)
 
 
 def run(recipe, *overrides):  # noqa: F811

@@ -2,6 +2,8 @@
 the checks that an error is exactly one ``nmtkit: error:`` line."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -17,6 +19,30 @@ def run_cli(*args: str, input: str | bytes | None = None, cwd: Path | None = Non
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: threads only add overhead
     return subprocess.run([sys.executable, "-m", "nmtkit", *args], input=input, capture_output=True, cwd=cwd,
                           timeout=600, env=env)
+
+
+def cli_here(*args) -> subprocess.CompletedProcess:
+    """``nmtkit ARGS`` through ``nmtkit.cli.main`` in this process, returned as ``run_cli`` returns
+    it but with str stdout and stderr: the same code as the command, less the interpreter's
+    start-up. Its children get run_cli's environment; the environment is put back after."""
+    from nmtkit.cli import main
+
+    argv = ["nmtkit", *map(str, args)]
+    out, err, environ = io.StringIO(), io.StringIO(), dict(os.environ)
+    try:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            patch.setenv("OMP_NUM_THREADS", "1")
+            patch.setattr(sys, "argv", argv)
+            with pytest.raises(SystemExit) as stopped:
+                main()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    code = stopped.value.code
+    if isinstance(code, str):  # as the interpreter reports SystemExit("message")
+        err.write(code + "\n")
+        code = 1
+    return subprocess.CompletedProcess(argv, code or 0, out.getvalue(), err.getvalue())
 
 
 def cli_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

@@ -1,6 +1,7 @@
 """A small random attentional model for search tests (float64, honours the beam layout), random
 batches, and reference computations: every output up to a length, and a sequence's score by
-teacher forcing."""
+teacher forcing; and a scripted model whose distributions a test writes out, so that what a
+search must find is known by hand."""
 from __future__ import annotations
 
 import dataclasses
@@ -49,6 +50,61 @@ class TinyModel(Seq2Seq):
         context = (weights @ enc.memory).reshape(hidden.shape)
         logits = self.out(torch.cat([hidden, context], -1)) * self.sharpness
         return logits, TinyState(hidden, weights.reshape(hidden.size(0), -1) if need_attn else None)
+
+
+A, B_, C = 4, 5, 6  # the scripted model's pieces "a", "b", "c"
+SCRIPTED_VOCAB = 8
+
+
+@dataclasses.dataclass
+class ScriptedEnc(EncoderOut):
+    key: Tensor  # [B] which script a sentence follows (its first source token)
+
+
+@dataclasses.dataclass
+class ScriptedState(Selectable):
+    key: Tensor  # [rows]
+    prefix: Tensor  # [rows, t] pieces so far (BOS excluded)
+    attn: Optional[Tensor] = None
+
+
+class ScriptedModel(Seq2Seq):
+    """decode_step returns fixed distributions: script[(key, prefix)] = {piece: p}.
+
+    Unlisted prefixes end (EOS with probability 1). Zero probabilities become 1e-12 so
+    every log-probability stays finite. Records the rows of every decode_step call.
+    """
+
+    def __init__(self, script: dict) -> None:
+        super().__init__()
+        self.script = script
+        self.calls: list[int] = []
+
+    def encode(self, src, src_mask):
+        return ScriptedEnc(memory=src_mask[:, :, None].float(), src_mask=src_mask, key=src[:, 0].clone())
+
+    def init_state(self, enc, beam=1):
+        rows = enc.key.size(0) * beam
+        return ScriptedState(enc.key.repeat_interleave(beam), torch.zeros(rows, 0, dtype=torch.long))
+
+    def decode_step(self, prev, enc, state, need_attn=False):
+        self.calls.append(prev.size(0))
+        prefix = torch.cat([state.prefix, prev[:, None]], 1)  # BOS y1 .. yt
+        probs = torch.full((prev.size(0), SCRIPTED_VOCAB), 1e-12, dtype=torch.float64)
+        for row, (key, pre) in enumerate(zip(state.key.tolist(), prefix.tolist())):
+            for piece, p in self.script.get((key, tuple(pre[1:])), {EOS: 1.0}).items():
+                probs[row, piece] = p
+        attn = None
+        if need_attn:  # attend to source position (step mod |x|): a known alignment
+            mask = enc.src_mask.repeat_interleave(prev.size(0) // enc.key.size(0), 0)
+            attn = nn.functional.one_hot((prefix.size(1) - 1) % mask.sum(1), mask.size(1)).double()
+        return probs.log(), ScriptedState(state.key, prefix, attn)
+
+
+def src_of(keys: list[int], length: int = 3) -> tuple[Tensor, Tensor]:
+    """Sources whose first token is the script key, padded out with "a"."""
+    src = torch.tensor([[k] + [A] * (length - 1) for k in keys])
+    return src, src.ne(PAD)
 
 
 def random_batch(seed: int, batch: int = 6, vocab: int = 12, max_len: int = 7) -> tuple[Tensor, Tensor]:
