@@ -195,8 +195,9 @@ def quickstart_part(settings: dict) -> dict:
 
 def decode_part(settings: dict) -> dict:
     """Beam 4 and greedy, float32 and bf16, on the quickstart test set with the model the
-    quickstart part trained (decode_speed.py's measurement), CTranslate2 on the same export when
-    it imports; then transformer-base with random weights at forced lengths (synthetic ids)."""
+    quickstart part trained (decode_speed.py's measurement), bf16 beam 4 again at larger batch
+    budgets, CTranslate2 on the same export when it imports; then transformer-base with random
+    weights at forced lengths (synthetic ids)."""
     import decode_speed
 
     records = []
@@ -220,11 +221,17 @@ def time_is_up(settings: dict, margin: float) -> bool:
     return time.time() > settings["deadline"] - margin
 
 
+BATCH_TOKENS = 8000  # the quickstart recipe's decode.batch_tokens
+LARGER_BUDGETS = (32000, 128000)
+
+
 def quickstart_decoding(settings: dict, model: str, decode_speed, records: list) -> None:
     meta = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
     source = Path(settings["data"]) / "prepared" / f"test.{meta['src_lang']}"
     tiny, scratch = settings["tiny"], Path(settings["scratch"])
-    configs = [("torch", dtype, beam) for dtype in ("bf16", "float32") for beam in (4, 1)]
+    configs = [("torch", dtype, beam, BATCH_TOKENS) for dtype in ("bf16", "float32") for beam in (4, 1)]
+    # larger batches, for a launch-bound GPU search (RESULTS.md, sixth lease): does the budget move it?
+    configs += [("torch", "bf16", 4, budget) for budget in LARGER_BUDGETS]
     ct2_dir, ct2_failed = None, "ctranslate2 does not import"
     if decode_speed.available("ct2"):
         try:  # a failed export costs the CTranslate2 rows, not the part
@@ -232,17 +239,17 @@ def quickstart_decoding(settings: dict, model: str, decode_speed, records: list)
         except Exception as err:
             ct2_failed = f"export failed: {type(err).__name__}: {str(err).splitlines()[0][:300]}"
         else:
-            configs += [("ct2direct", "fp16" if settings["device"].startswith("cuda") else "float32", beam)
+            configs += [("ct2direct", "fp16" if settings["device"].startswith("cuda") else "float32", beam, BATCH_TOKENS)
                         for beam in (4, 1)]
-    for engine, dtype, beam in configs:
-        name = f"quickstart {engine} {dtype} beam {beam}"
+    for engine, dtype, beam, budget in configs:
+        name = f"quickstart {engine} {dtype} beam {beam}" + (f" batch_tokens {budget}" if budget != BATCH_TOKENS else "")
         if time_is_up(settings, 25):  # leave time for the forced runs
             add_record(settings, records, {"config": name, "status": "not reached: the part's time limit"})
             continue
         cfg = {"engine": engine, "dtype": dtype, "beam": beam, "forced_len": None, "model": model,
                "ct2_model": str(ct2_dir) if ct2_dir else None, "input": str(source),
                "output": str(scratch / f"{engine}-{dtype}-{beam}.txt"), "max_sentences": 16 if tiny else 0,
-               "warmup": 4 if tiny else 50, "batch_tokens": 8000, "threads": 1, "device": settings["device"]}
+               "warmup": 4 if tiny else 50, "batch_tokens": budget, "threads": 1, "device": settings["device"]}
         try:
             add_record(settings, records, {"config": name, **decode_speed.measure(cfg)})
         except Exception as err:

@@ -91,6 +91,7 @@ def test_speed_figures_are_numbers_and_skips_say_why(check):
     decode = parts["decode"]["result"]["records"]
     timed = [r for r in decode if "sent_s" in r]
     assert {r["config"] for r in timed} >= {"quickstart torch bf16 beam 4", "quickstart torch float32 beam 1",
+                                             "quickstart torch bf16 beam 4 batch_tokens 128000",
                                              "base forced bf16 beam 4", "base forced float32 beam 1"}
     for record in timed:
         assert record["sent_s"] > 0 and record["tgt_tok_s"] > 0
