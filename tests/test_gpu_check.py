@@ -91,10 +91,12 @@ def test_speed_figures_are_numbers_and_skips_say_why(check):
     decode = parts["decode"]["result"]["records"]
     timed = [r for r in decode if "sent_s" in r]
     assert {r["config"] for r in timed} >= {"quickstart torch bf16 beam 4", "quickstart torch float32 beam 1",
+                                             "quickstart torch bf16 beam 4 batch_tokens 32000",
                                              "quickstart torch bf16 beam 4 batch_tokens 128000",
                                              "base forced bf16 beam 4", "base forced float32 beam 1"}
     for record in timed:
         assert record["sent_s"] > 0 and record["tgt_tok_s"] > 0
+    assert all(r["same_as_8000"] for r in timed if "batch_tokens" in r["config"])  # batching changed no line
     for record in (r for r in timed if "forced_len" in r):
         assert record["tgt_tokens"] == record["sentences"] * record["forced_len"]  # exactly the forced length
     assert {"config": "quickstart ctranslate2", "status": "skipped: ctranslate2 does not import"} in decode

@@ -1,5 +1,5 @@
 """Translate's batch budget (batch_tokens), translators of each budget alternated in one process.
-Usage: python batch_tokens_inproc.py BEAM DTYPE BUDGETS ROUNDS THREADS LINES WORKERS MODEL_DIR SOURCE"""
+Usage: python benchmarks/results/zen3_ceiling/batch_tokens_inproc.py BEAM DTYPE BUDGETS ROUNDS THREADS LINES WORKERS MODEL_DIR SOURCE"""
 import sys, time, statistics, resource
 from nmtkit.runtime.allocator import bound_kernel_caches, keep_freed_memory
 keep_freed_memory(); bound_kernel_caches()

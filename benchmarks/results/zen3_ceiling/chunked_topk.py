@@ -1,6 +1,6 @@
 """A top-k for beam search over [n, beam * V] candidates: the best block maxima first (blocks of 64),
 then top-k over those blocks only; exact (the same values and indices as torch.topk on 300 random
-cases). Run: python chunked_topk.py (checks and times it against torch.topk, one thread)."""
+cases). Run: python benchmarks/results/zen3_ceiling/chunked_topk.py (checks and times it against torch.topk, one thread)."""
 import torch, time
 torch.set_num_threads(1)
 CHUNK=64

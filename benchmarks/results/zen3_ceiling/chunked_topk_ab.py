@@ -1,13 +1,12 @@
 """beam_step with chunked_topk against torch.topk, alternated in one process (1 thread, the first
-300 lines). Run from this folder: python chunked_topk_ab.py BEAM DTYPE ROUNDS MODEL_DIR SOURCE"""
+300 lines). python benchmarks/results/zen3_ceiling/chunked_topk_ab.py BEAM DTYPE ROUNDS MODEL_DIR SOURCE"""
 import sys, time, statistics
 from nmtkit.runtime.allocator import bound_kernel_caches, keep_freed_memory
 keep_freed_memory(); bound_kernel_caches()
-import torch
 import nmtkit.decoding.search as S
 from nmtkit.runtime.console import get_console
 from nmtkit.translate_files import open_translator, resolve_options
-from chunked_topk import chunked_topk  # noqa: E402  (run from this folder)
+from chunked_topk import chunked_topk  # noqa: E402  (this script's folder is on sys.path)
 orig=S.beam_step
 def new_step(scores, lprobs):
     n, beam = scores.shape

@@ -1,6 +1,6 @@
 """int8 products through oneDNN's qlinear (the rows quantised here, 7 bits, a scale per row as
 Int8Linear does) against fbgemm's (Int8Linear as shipped), alternated in one process; tried, not
-kept. Usage: python onednn_int8_ab.py BEAM LINES ROUNDS MODEL_DIR SOURCE"""
+kept. Usage: python benchmarks/results/zen3_ceiling/onednn_int8_ab.py BEAM LINES ROUNDS MODEL_DIR SOURCE"""
 import sys, time, statistics, warnings
 from nmtkit.runtime.allocator import bound_kernel_caches, keep_freed_memory
 keep_freed_memory(); bound_kernel_caches()

@@ -2,7 +2,7 @@
 shape of a quickstart-size model's decoder step (d, ffn, vocab from the model's config; ROWS
 rows, e.g. 70 sentences x beam 4) as translation runs it (PackedLinear in float32; Int8Linear
 in int8, its row scaling included, and fbgemm's product alone), against the best square float32
-matmul on one thread (benchmarks/common.py's measure); then every product of one decoder step
+matmul on one thread (benchmarks/common.py's matmul_peak); then every product of one decoder step
 (each decoder layer's six, then the output layer, each with weights of its own, as a step reads
 them) at a few row counts.
 
@@ -43,7 +43,7 @@ def main():
         vocab = weights.get_slice(name).get_shape()[0]
     d, ffn = cfg["d_model"], cfg["ffn_dim"]
     torch.set_num_threads(1)
-    peak = max(common._matmul_gflops(torch.float32, 1, size, 1.0) for size in (1024, 2048))
+    peak = common.matmul_peak("float32", 1)["measured_one_thread"]
     shapes = {"self q, k, v": (d, 3 * d), "attention out / cross q": (d, d), "ffn in": (d, ffn),
               "ffn out": (ffn, d), "output layer": (d, vocab)}
     print(f"load {os.getloadavg()}; one-thread float32 peak (square 1024/2048 matmul) {peak:.1f} GFLOP/s; rows {rows}")
