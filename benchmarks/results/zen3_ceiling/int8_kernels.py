@@ -6,23 +6,12 @@ quickstart-size decoder step at 280 rows, the output layer also at 70, and 4 row
     python benchmarks/results/zen3_ceiling/int8_kernels.py
 """
 import os
-import time
 
 import torch
 from torch import nn
 
 from nmtkit.models.quantize import STEPS, ZERO_POINT, Int8Linear, _int8_product
-
-
-def best_us(fn, repeat=20, rounds=3):
-    fn(), fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeat)
-    return best * 1e6
+from products import best_us  # this script's folder is on sys.path
 
 
 def main():
@@ -53,8 +42,8 @@ def main():
 
         fb = Int8Linear(linear)
         same = torch.equal(onednn() * peak, _int8_product(scaled, fb.packed) * peak)
-        print(f"| {rows} x {n_in} x {n_out} | {best_us(lambda: _int8_product(scaled, fb.packed)):.0f} | "
-              f"{best_us(onednn):.0f} | {best_us(quantise):.0f} | {same} |")
+        print(f"| {rows} x {n_in} x {n_out} | {best_us(lambda: _int8_product(scaled, fb.packed), 20, 3):.0f} | "
+              f"{best_us(onednn, 20, 3):.0f} | {best_us(quantise, 20, 3):.0f} | {same} |")
 
 
 if __name__ == "__main__":
