@@ -3,7 +3,6 @@ one, and ``train.init_from`` starts a new run from another model's weights."""
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import shutil
 from pathlib import Path
@@ -15,15 +14,11 @@ import yaml
 from conftest import reversal_pairs, tiny_recipe, tiny_sentences, write_prepared
 from nmtkit.config import from_dict, load_config
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.runtime.console import NmtConsole
 from nmtkit.specials import UNK
 from support.cli import cli_in_process
+from support.text_io import quiet_console
 
 MODEL = dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0)
-
-
-def quiet_console() -> NmtConsole:
-    return NmtConsole(0, file=io.StringIO(), width=400)
 
 
 def write_files(root: Path, train: list[str], dev: list[str]) -> dict:

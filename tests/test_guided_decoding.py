@@ -22,6 +22,7 @@ from nmtkit.runtime.console import NmtConsole
 from nmtkit.translate_files import translate_file
 from support.guided import FAST, LINES, guided, loaded, trained  # noqa: F401  (module fixtures)
 from support.search_models import TinyModel, all_outputs, random_batch, sequence_score
+from support.text_io import write_lines
 
 PIECES, MAX_LEN = [1, 4, 5, 6], 3  # every piece a 7-piece TinyModel can emit (UNK too), up to 3 of them
 EXACT = dict(lenpen=0.6, max_len_a=0, max_len_b=MAX_LEN, min_len=0)
@@ -215,23 +216,18 @@ def test_constraints_appear_in_every_output(loaded):  # noqa: F811
     assert missing >= 4  # these constraints do change the plain outputs
 
 
-def write(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
 def test_files_without_constraints_or_prefixes_decode_byte_identically(trained, tmp_path):  # noqa: F811
-    source = write(tmp_path / "in.txt", LINES + ["", "b a"])
+    source = write_lines(tmp_path / "in.txt", LINES + ["", "b a"])
     console = NmtConsole(verbosity=-1)
     options = TranslateOptions(beam_size=3, nbest=2, scores=True, **FAST)
     translate_file([str(trained)], source, tmp_path / "plain.txt", options, console)
-    empty = write(tmp_path / "empty.jsonl", ["[]", "", " [ ] "] + ["[]"] * 7)
-    blank = write(tmp_path / "prefix.txt", [""] * 10)
+    empty = write_lines(tmp_path / "empty.jsonl", ["[]", "", " [ ] "] + ["[]"] * 7)
+    blank = write_lines(tmp_path / "prefix.txt", [""] * 10)
     translate_file([str(trained)], source, tmp_path / "guided.txt", options, console, GuideFiles(blank, empty))
     assert (tmp_path / "guided.txt").read_bytes() == (tmp_path / "plain.txt").read_bytes()
     absent = [next(s for s in "abcdefghij" if s not in line.split()) for line in LINES[:3]]
-    mixed = write(tmp_path / "mixed.jsonl", [json.dumps([absent[0]]), "[]", json.dumps([f"{absent[2]} a"])]
-                  + ["[]"] * 7)
+    mixed = write_lines(tmp_path / "mixed.jsonl", [json.dumps([absent[0]]), "[]", json.dumps([f"{absent[2]} a"])]
+                        + ["[]"] * 7)
     translate_file([str(trained)], source, tmp_path / "mixed.txt", options, console, GuideFiles(None, mixed))
     got, want = [(tmp_path / n).read_text(encoding="utf-8").splitlines() for n in ("mixed.txt", "plain.txt")]
     assert got[2:4] == want[2:4] and got[6:] == want[6:] and got[:2] != want[:2]
@@ -245,8 +241,8 @@ def test_files_without_constraints_or_prefixes_decode_byte_identically(trained, 
     ("blank.jsonl", ['["a", "  "]'] + ["[]"] * 9, "line 1: a constraint phrase is empty"),
 ])
 def test_bad_constraint_files_are_one_line_errors_before_the_model_loads(name, content, message, tmp_path):
-    source = write(tmp_path / "in.txt", LINES + ["", "b a"])
-    side = GuideFiles(None, write(tmp_path / name, content))
+    source = write_lines(tmp_path / "in.txt", LINES + ["", "b a"])
+    side = GuideFiles(None, write_lines(tmp_path / name, content))
     with pytest.raises(DataError, match=message) as err:  # no model: the files are checked first
         translate_file([str(tmp_path / "no-model")], source, tmp_path / "out.txt", TranslateOptions(**FAST),
                        NmtConsole(verbosity=-1), side)
@@ -256,16 +252,16 @@ def test_bad_constraint_files_are_one_line_errors_before_the_model_loads(name, c
 def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, monkeypatch, capsys):
     from support.cli import assert_error, cli
 
-    source = write(tmp_path / "in.txt", LINES)
-    prefixes = write(tmp_path / "prefix.txt", ["a"] * 3)
+    source = write_lines(tmp_path / "in.txt", LINES)
+    prefixes = write_lines(tmp_path / "prefix.txt", ["a"] * 3)
     missing = str(tmp_path / "missing")  # no model: the files are checked before any model loads
     code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--prefix-file", str(prefixes))
     assert_error(code, err, 2, "has 8 lines but --prefix-file")
-    constraints = write(tmp_path / "c.jsonl", ["[]"] * 8)
+    constraints = write_lines(tmp_path / "c.jsonl", ["[]"] * 8)
     code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--constraints",
                     str(constraints), "--sample")
     assert_error(code, err, 2, "--constraints needs beam search")
-    bad = write(tmp_path / "bad.jsonl", ['["a"'] + ["[]"] * 7)
+    bad = write_lines(tmp_path / "bad.jsonl", ['["a"'] + ["[]"] * 7)
     code, err = cli(monkeypatch, capsys, "translate", "-m", missing, "-i", str(source), "--constraints", str(bad))
     assert_error(code, err, 2, "bad.jsonl: line 1: not JSON")
     assert capsys.readouterr().out == ""
@@ -274,7 +270,7 @@ def test_cli_refuses_mismatched_prefix_files_and_sampled_constraints(tmp_path, m
 def test_stdin_longer_or_shorter_than_the_prefix_file_is_an_error(trained, tmp_path, monkeypatch):  # noqa: F811
     """A stream cannot be counted first: the mismatch shows where the lines run out, and a file
     output is then not written at all."""
-    prefixes = write(tmp_path / "prefix.txt", ["a", "b"])
+    prefixes = write_lines(tmp_path / "prefix.txt", ["a", "b"])
     for lines, expected in ((LINES[:3], "the input has more lines than --prefix-file"), (LINES[:1], "has 1 lines but")):
         stdin = io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in lines).encode()))
         monkeypatch.setattr(sys, "stdin", stdin)
@@ -303,8 +299,8 @@ def test_ctranslate2_engine_forces_prefixes_and_refuses_constraints(trained, loa
     for guide, lines in zip(prefixes, nbest):
         assert all(line.split("\t")[2].startswith(guide.prefix) for line in lines.split("\n"))
     with pytest.raises(ConfigError, match="CTranslate2 has no lexically constrained search"):
-        translate_file([str(export)], write(tmp_path / "in.txt", LINES), None, ct2_options,
-                       NmtConsole(verbosity=-1), GuideFiles(None, write(tmp_path / "c.jsonl", ["[]"] * 8)))
+        translate_file([str(export)], write_lines(tmp_path / "in.txt", LINES), None, ct2_options,
+                       NmtConsole(verbosity=-1), GuideFiles(None, write_lines(tmp_path / "c.jsonl", ["[]"] * 8)))
 
 
 def test_bank_order_is_round_robin_from_the_most_advanced_bank():

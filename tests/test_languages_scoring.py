@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.cli import run_cli
+from support.text_io import write_lines
 
 from nmtkit.errors import ConfigError
 from nmtkit.scoring.metrics import corpus_scores, default_tokenizer, segment_scores
@@ -45,15 +46,10 @@ SPM = {"flores101": "sacrebleu_tokenizer_spm.model", "flores200": "flores200sacr
        "spBLEU-1K": "spbleu-1k_tokenizer_spm.model"}
 
 
-def write(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
 @pytest.fixture()
 def files(tmp_path):
-    return {"ref": write(tmp_path / "ref.txt", REFS), "hyp": write(tmp_path / "hyp.txt", HYPS),
-            "base": write(tmp_path / "base.txt", BASE)}
+    return {"ref": write_lines(tmp_path / "ref.txt", REFS), "hyp": write_lines(tmp_path / "hyp.txt", HYPS),
+            "base": write_lines(tmp_path / "base.txt", BASE)}
 
 
 def sacrebleu_cli(ref: Path, hyp: Path, *flags: str) -> dict[str, dict]:

@@ -3,7 +3,6 @@ models and id maps), ``train.init_from`` its weights; the run resumes exactly li
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import shutil
 from pathlib import Path
@@ -13,15 +12,11 @@ import torch
 
 from conftest import tiny_sentences
 from support.marian_models import make_marian
+from support.text_io import quiet_console
 
 from nmtkit.config import ModelConfig, from_dict
-from nmtkit.runtime.console import NmtConsole
 
 pytest.importorskip("transformers")
-
-
-def quiet() -> NmtConsole:
-    return NmtConsole(0, file=io.StringIO(), width=400)
 
 
 def recipe_for(imported: Path, root: Path, work: Path, steps: int) -> dict:
@@ -55,18 +50,18 @@ def test_fine_tuning_an_imported_model_keeps_its_vocabulary_and_resumes_exactly(
 
     imported = import_marian(str(make_marian(tmp_path / "hf")), tmp_path / "imported")
     straight = recipe_for(imported, tmp_path, tmp_path / "a", 4)
-    prepare(from_dict(straight), quiet())
+    prepare(from_dict(straight), quiet_console())
     prepared = tmp_path / "a" / "prepared"
     for name in ("spm.src.model", "spm.src.ids.json", "spm.tgt.model", "spm.tgt.ids.json"):
         assert (prepared / name).read_bytes() == (imported / name).read_bytes(), name
-    run_dir = train(from_dict(straight), quiet())
+    run_dir = train(from_dict(straight), quiet_console())
     losses = [json.loads(line).get("loss") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(loss is None or 0 < loss < 50 for loss in losses) and any(losses)
 
     stopped = recipe_for(imported, tmp_path, tmp_path / "b", 4)
     shutil.copytree(prepared, tmp_path / "b" / "prepared")
-    train(from_dict({**stopped, "train": {**stopped["train"], "max_steps": 2}}), quiet())
-    resumed = train(from_dict(stopped), quiet())
+    train(from_dict({**stopped, "train": {**stopped["train"], "max_steps": 2}}), quiet_console())
+    resumed = train(from_dict(stopped), quiet_console())
     final, reference = checkpoint_dirs(resumed)[-1], checkpoint_dirs(run_dir)[-1]
     ours, theirs = read_weights(final / WEIGHTS), read_weights(reference / WEIGHTS)
     assert final.name == reference.name and all(torch.equal(ours[k], theirs[k]) for k in theirs)

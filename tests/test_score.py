@@ -17,6 +17,7 @@ from nmtkit.scoring.metrics import corpus_scores
 from nmtkit.scoring.significance import bootstrap_p_value, paired_test, randomisation_p_value
 from nmtkit.scoring.tokenized import split_compounds, tokenized_bleu
 from support.cli import run_cli
+from support.text_io import write_lines
 
 REFS = [
     "The committee approved the long-term budget on Tuesday.",
@@ -90,15 +91,10 @@ BAD = [degrade(s, 0.6, seed=2) for s in REFS]
 REFS2 = [paraphrase(s) for s in REFS]
 
 
-def write(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
 @pytest.fixture()
 def files(tmp_path: Path) -> dict[str, Path]:
-    return {"ref": write(tmp_path / "ref.txt", REFS), "ref2": write(tmp_path / "ref2.txt", REFS2),
-            "good": write(tmp_path / "good.txt", GOOD), "bad": write(tmp_path / "bad.txt", BAD)}
+    return {"ref": write_lines(tmp_path / "ref.txt", REFS), "ref2": write_lines(tmp_path / "ref2.txt", REFS2),
+            "good": write_lines(tmp_path / "good.txt", GOOD), "bad": write_lines(tmp_path / "bad.txt", BAD)}
 
 
 def sacrebleu_cli(refs: list[Path], hyp: Path, *flags: str) -> dict[str, dict]:
@@ -294,7 +290,7 @@ def one_line_error(*args: str, input: bytes | None = None) -> str:
 
 
 def test_mismatched_line_counts_are_one_line_errors(files, tmp_path):
-    short = write(tmp_path / "short.txt", GOOD[:-2])
+    short = write_lines(tmp_path / "short.txt", GOOD[:-2])
     message = one_line_error("-r", str(files["ref"]), "-i", str(short))
     assert f"{short} has 34 lines but {files['ref']} has 36 lines" in message
     message = one_line_error("-r", str(files["ref"]), "-r", str(short), "-i", str(files["good"]))
@@ -306,14 +302,14 @@ def test_mismatched_line_counts_are_one_line_errors(files, tmp_path):
 
 
 def test_empty_missing_and_undecodable_inputs(files, tmp_path):
-    empty = write(tmp_path / "empty.txt", [])
+    empty = write_lines(tmp_path / "empty.txt", [])
     assert "is empty but" in one_line_error("-r", str(files["ref"]), "-i", str(empty))
     assert "nothing to score" in one_line_error("-r", str(empty), "-i", str(empty))
     assert "file not found" in one_line_error("-r", str(tmp_path / "nope.txt"), "-i", str(files["good"]))
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("caf\xe9\n".encode("latin-1"))
     assert f"{latin1}: line 1 is not valid UTF-8" in one_line_error("-r", str(latin1), input=b"cafe\n")
-    one_ref = write(tmp_path / "one.txt", ["café"])
+    one_ref = write_lines(tmp_path / "one.txt", ["café"])
     assert "<stdin>: line 1 is not valid UTF-8" in one_line_error("-r", str(one_ref), input=b"caf\xe9\n")
 
 
