@@ -185,13 +185,8 @@ def recipe_in(workdir: Path, prepared: Path, **train) -> Path:
 
 def reversal_files(root: Path) -> dict:
     """Reversal pairs as text files (80 train, 6 dev, 6 test) under ``root``: a recipe's data.files."""
-    files: dict = {}
-    for split, pairs in (("train", reversal_pairs(80, 0, 5)), ("dev", reversal_pairs(6, 1, 5)),
-                         ("test", reversal_pairs(6, 2, 5))):
-        for lang, side in (("src", 0), ("tgt", 1)):
-            (root / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
-            files.setdefault(split, {})[lang] = str(root / f"{split}.{lang}")
-    return files
+    return {split: write_pairs(root, split, reversal_pairs(count, seed, 5))
+            for split, count, seed in (("train", 80, 0), ("dev", 6, 1), ("test", 6, 2))}
 
 
 def write_pairs(root: Path, name: str, pairs: list[tuple[str, str]]) -> dict:

@@ -405,17 +405,11 @@ def test_a_variant_runs_end_to_end_through_the_cli(tmp_path):
     """`nmtkit run` (prepare, train, average, translate, score), then `info`, `translate`, `--dry-run`."""
     import json
 
-    from conftest import reversal_pairs, tiny_recipe
+    from conftest import reversal_pairs, tiny_recipe, write_pairs
     from support.cli import run_cli
 
-    files = {}
-    for split, pairs in (("train", reversal_pairs(200, 0, length=5)), ("dev", reversal_pairs(8, 1, length=5)),
-                         ("test", reversal_pairs(8, 2, length=5))):
-        files[split] = {}
-        for lang, side in (("src", 0), ("tgt", 1)):
-            path = tmp_path / f"{split}.{lang}"
-            path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
-            files[split][lang] = str(path)
+    files = {split: write_pairs(tmp_path, split, reversal_pairs(count, seed, length=5))
+             for split, count, seed in (("train", 200, 0), ("dev", 8, 1), ("test", 8, 2))}
     recipe = tiny_recipe(tmp_path / "work", data={"files": files},
                          model={"positions": "rope", "ffn": "gelu", "moe_experts": 3, "moe_top_k": 1},
                          train={"max_steps": 10, "average_last": 2, "validate_every": 5, "save_every": 5})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import reversal_pairs, tiny_recipe
+from conftest import reversal_pairs, tiny_recipe, write_pairs
 from support.cli import cli_here, run_cli
 
 VARIANTS = [{"name": "baseline"}, {"name": "fast", "overrides": {"train.lr": 0.01}}]
@@ -19,14 +19,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def write_task(root: Path) -> Path:
     """Generated reversal data as text files and a tiny recipe reading them; returns the recipe."""
-    files = {}
-    for split, count, seed in (("train", 300, 0), ("dev", 20, 1), ("test", 40, 2)):
-        pairs = reversal_pairs(count, seed, length=6)
-        files[split] = {}
-        for lang, side in (("src", 0), ("tgt", 1)):
-            path = root / f"{split}.{lang}"
-            path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
-            files[split][lang] = str(path)
+    files = {split: write_pairs(root, split, reversal_pairs(count, seed, length=6))
+             for split, count, seed in (("train", 300, 0), ("dev", 20, 1), ("test", 40, 2))}
     recipe = tiny_recipe(root / "unused", data={"files": files},
                          model={"d_model": 16, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1},
                          train={"max_steps": 12, "validate_every": 6, "save_every": 3, "log_every": 3,
