@@ -155,7 +155,7 @@ def run_recipe(cfg: Config, console) -> dict:
                                          translator)
         refs = read_lines(prepared_file(work.text(split, cfg.data.tgt_lang)))
         sources = read_lines(prepared_file(work.text(split, cfg.data.src_lang))) if cfg.eval.comet_model else None
-        scores, _ = score_all(hyps, [refs], score_options, sources)
+        scores, _ = score_all(hyps, [refs], score_options.in_language(cfg.data.reference_language(split)), sources)
         results["splits"][split] = {"sentences": len(hyps), "translate_seconds": round(seconds, 3),
                                     **{m: {"score": round(s["score"], 4 if m == "comet" else 2),
                                            "signature": s["signature"]} for m, s in scores.items()}}
@@ -179,13 +179,16 @@ _LABELS = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER", "co
 
 def eval_options(cfg: Config):
     """The recipe's eval section as `nmtkit score`'s options, checked (tokenizer packages, COMET)."""
+    from nmtkit.scoring.metrics import check_tokenizer
     from nmtkit.scoring.report import ScoreOptions, check_options
 
     evaluation = cfg.eval
     options = ScoreOptions(metrics=tuple(evaluation.metric_names()), tokenize=evaluation.tokenize,
-                           target_lang=cfg.data.tgt_lang, lowercase=evaluation.lowercase,
+                           target_lang=cfg.data.reference_language(), lowercase=evaluation.lowercase,
                            comet_model=evaluation.comet_model, comet_batch_size=evaluation.comet_batch_size)
     check_options(options, with_sources=True)  # `run` has the source text of every split
+    for language in cfg.data.reference_languages():  # each direction's test set is scored in its own language
+        check_tokenizer(options.in_language(language).tokenizer)
     return options
 
 

@@ -253,3 +253,34 @@ def test_the_corpus_key_replaces_data_keys_only_not_paths_or_quoted_values():
             raise DataError("file not found: /x/data.train.de (data.files.train.de = 'data.train.de', relative to /x)")
     assert str(raised.value) == ("file not found: /x/data.train.de (data.corpora[2].files.train.de = "
                                  "'data.train.de', relative to /x)")
+
+
+def test_each_directions_test_set_is_scored_in_its_own_language(tmp_path):
+    """A corpus into Thai is scored a character at a time (its test set's BLEU signature says
+    tok:char) while the first corpus's test and dev sets, in a language written with spaces, keep
+    13a; the languages come from each corpus's tgt_lang, not from data.tgt_lang."""
+    from nmtkit.pipeline import run_recipe
+
+    rev = [(s, " ".join(s.split()[::-1])) for s in dict.fromkeys(sequences(60, 1))]
+    copy = [(s, s.replace(" ", "")) for s in dict.fromkeys(sequences(60, 2))]  # no spaces: a Thai-like target
+    held = sequences(8, 3, length=6)
+    into_thai = {split: {"src": files["src"], "th": files["tgt"]} for split, files in
+                 (("train", write_pairs(tmp_path, "copy.train", copy)),
+                  ("dev", write_pairs(tmp_path, "copy.dev", [(s, s.replace(" ", "")) for s in held[:4]])),
+                  ("test", write_pairs(tmp_path, "copy.test", [(s, s.replace(" ", "")) for s in held[4:]])))}
+    rev_files = {"train": write_pairs(tmp_path, "rev.train", rev),
+                 "dev": write_pairs(tmp_path, "rev.dev", [(s, " ".join(s.split()[::-1])) for s in held[:4]]),
+                 "test": write_pairs(tmp_path, "rev.test", [(s, " ".join(s.split()[::-1])) for s in held[4:]])}
+    corpora = [{"name": "rev", "source": "files", "files": rev_files, "tag": "<2r>"},
+               {"name": "thai", "source": "files", "files": into_thai, "tgt_lang": "th", "tag": "<2t>"}]
+    cfg = from_dict({**tiny_recipe(tmp_path / "work", vocab={"size": 24, "workers": 1},
+                                   model={"d_model": 16, "ffn_dim": 32, "heads": 2, "encoder_layers": 1,
+                                          "decoder_layers": 1},
+                                   train={"max_steps": 2, "save_every": 2, "validate_every": 2, "threads": 1}),
+                     "data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": corpora}})
+    assert [cfg.data.reference_language(s) for s in ("dev", "test", "test.thai")] == ["tgt", "tgt", "th"]
+    results = run_recipe(cfg, quiet_console())
+    signatures = {split: r["bleu"]["signature"] for split, r in results["splits"].items()}
+    assert set(signatures) == {"dev", "test", "test.thai"}
+    assert "tok:13a" in signatures["dev"] and "tok:13a" in signatures["test"]
+    assert "tok:char" in signatures["test.thai"]

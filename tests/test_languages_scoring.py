@@ -15,7 +15,7 @@ from support.cli import run_cli
 from support.text_io import write_lines
 
 from nmtkit.errors import ConfigError
-from nmtkit.scoring.metrics import corpus_scores, default_tokenizer, segment_scores
+from nmtkit.scoring.metrics import check_tokenizer, corpus_scores, default_tokenizer, segment_scores
 from nmtkit.scoring.significance import paired_segment_test, paired_test
 
 # a fixed multilingual text: Latin with punctuation, Chinese, Japanese, Korean, Hindi, Greek
@@ -111,19 +111,41 @@ def test_tokenizers_give_different_scores_on_this_text():
 
 @pytest.mark.parametrize("lang, tokenize", [("zh", "zh"), ("zh-Hant", "zh"), ("zh_TW", "zh"), ("cmn", "zh"),
                                             ("ja", "ja-mecab"), ("jpn", "ja-mecab"), ("ko-KR", "ko-mecab"),
+                                            ("th", "char"), ("tha", "char"), ("lo", "char"), ("km-KH", "char"),
+                                            ("my", "char"), ("bo", "char"), (" zh ", "zh"), ("JA", "ja-mecab"),
                                             ("es", "13a"), ("hi", "13a"), ("", "13a")])
 def test_the_target_language_picks_the_tokenizer(lang, tokenize):
     assert default_tokenizer(lang) == tokenize
 
 
+def test_ter_counts_chinese_characters_as_words(tmp_path):
+    """Without a character split each Chinese sentence is one TER 'word', and one wrong character
+    costs the whole sentence (TER 50 here); split, it costs one of the reference's 12 characters."""
+    ref = write_lines(tmp_path / "ref", ["我喜欢猫。", "今天天气很好。"])
+    hyp = write_lines(tmp_path / "hyp", ["我喜欢狗。", "今天天气很好。"])
+    report = score_json("-r", str(ref), "-i", str(hyp), "--metrics", "ter", "-l", "zh")
+    assert report["scores"]["ter"]["score"] == pytest.approx(100 / 12)
+
+
+def test_thai_is_scored_a_character_at_a_time(tmp_path):
+    """A Thai sentence has no spaces between words: 13a would make each line one token and BLEU 0."""
+    ref = write_lines(tmp_path / "ref", ["ฉันชอบแมวมาก", "วันนี้อากาศดี"])
+    hyp = write_lines(tmp_path / "hyp", ["ฉันชอบหมามาก", "วันนี้อากาศดี"])
+    thai = score_json("-r", str(ref), "-i", str(hyp), "--metrics", "bleu", "-l", "th")
+    by_char = score_json("-r", str(ref), "-i", str(hyp), "--metrics", "bleu", "--tokenize", "char")
+    assert thai["tokenize"] == "char" and "tok:char" in thai["scores"]["bleu"]["signature"]
+    assert thai["scores"]["bleu"]["score"] == by_char["scores"]["bleu"]["score"] > 50
+
+
 def test_target_lang_sets_the_tokenizer_and_the_signature_says_so(files):
     args = ("-r", str(files["ref"]), "-i", str(files["hyp"]), "--metrics", "bleu,ter")
     chinese = score_json(*args, "--target-lang", "zh")
-    expected = sacrebleu_cli(files["ref"], files["hyp"], "-m", "bleu", "ter", "-tok", "zh", "--ter-asian-support")
+    expected = sacrebleu_cli(files["ref"], files["hyp"], "-m", "bleu", "ter", "-tok", "zh", "--ter-asian-support",
+                             "--ter-normalized")
     assert chinese["tokenize"] == "zh"
     assert_same(chinese["scores"]["bleu"], expected["BLEU"])
     assert_same(chinese["scores"]["ter"], expected["TER"])  # CJK tokenizers: TER splits those scripts too
-    assert "asian:yes" in chinese["scores"]["ter"]["signature"]
+    assert "asian:yes" in chinese["scores"]["ter"]["signature"] and "norm:yes" in chinese["scores"]["ter"]["signature"]
     german = score_json(*args, "-l", "de")
     assert german["tokenize"] == "13a" and "tok:13a" in german["scores"]["bleu"]["signature"]
     assert german["scores"]["bleu"]["score"] != chinese["scores"]["bleu"]["score"]
@@ -148,7 +170,7 @@ def test_segments_file_holds_sacrebleus_sentence_scores(files, tmp_path):
     assert report["segments"] == str(out)
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     bleu, chrf, chrfpp, ter = (BLEU(tokenize="zh", effective_order=True), CHRF(), CHRF(word_order=2),
-                               TER(asian_support=True))
+                               TER(asian_support=True, normalized=True))
     assert [row["line"] for row in rows] == list(range(1, len(REFS) + 1))
     for row, hyp, ref in zip(rows, HYPS, REFS):
         assert set(row) == {"line", "bleu", "chrf", "chrf++", "ter"}
@@ -226,6 +248,24 @@ def test_a_flores_model_that_cannot_be_fetched_names_where_it_goes(files, tmp_pa
     assert result.returncode == 2 and len(err.splitlines()) == 1, err
     assert "tokenizer flores200 needs sacreBLEU's SentencePiece model" in err
     assert f"to {tmp_path / 'empty-home' / 'models' / 'flores200sacrebleuspm'}" in err
+
+
+def test_an_unreadable_flores_model_names_where_the_real_one_goes(files, tmp_path, monkeypatch):
+    """An HTML page saved in the model's place (a download that followed no redirect) is a one-line
+    error naming the URL and the path, not SentencePiece's traceback."""
+    import sacrebleu.tokenizers.tokenizer_spm as tokenizer_spm
+
+    home = tmp_path / "bad-home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "sacrebleu_tokenizer_spm.model").write_text("<html>moved</html>\n")
+    monkeypatch.setenv("SACREBLEU", str(home))
+    monkeypatch.setattr(tokenizer_spm, "SACREBLEU_DIR", str(home))
+    with pytest.raises(ConfigError, match="tokenizer flores101: sacreBLEU's SentencePiece model is not readable") as err:
+        check_tokenizer("flores101")
+    assert str(home / "models" / "sacrebleu_tokenizer_spm.model") in str(err.value) and "\n" not in str(err.value)
+    result = run_cli("score", "-r", str(files["ref"]), "-i", str(files["hyp"]), "--tokenize", "flores101")
+    message = result.stderr.decode().strip()
+    assert result.returncode == 2 and len(message.splitlines()) == 1 and "not readable" in message, message
 
 
 def _importable(module: str) -> bool:

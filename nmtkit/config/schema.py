@@ -77,6 +77,17 @@ class DataConfig(SourceConfig):
         return [dataclasses.replace(c, src_lang=c.src_lang or self.src_lang, tgt_lang=c.tgt_lang or self.tgt_lang)
                 for c in self.corpora]
 
+    def reference_language(self, split: str = "test") -> str:
+        """The language of ``split``'s references, which chooses BLEU's tokenizer: dev and test come
+        from the first corpus (its target language), test.NAME from corpus NAME."""
+        sources = self.training_sources()
+        named = [c for c in sources if split.startswith("test.") and c.name == split[len("test."):]]
+        return (named or sources)[0].tgt_lang
+
+    def reference_languages(self) -> list[str]:
+        """Every corpus's target language, each once (what any test set may be scored in)."""
+        return list(dict.fromkeys(c.tgt_lang for c in self.training_sources()))
+
     @property
     def tags(self) -> list[str]:
         """The corpora's tags, each once, in order (reserved as pieces of the SentencePiece model)."""
@@ -252,15 +263,18 @@ SCORE_METRICS = ("bleu", "chrf", "chrf++", "ter", "comet")
 SCORE_TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flores101", "flores200", "spBLEU-1K",
                     "none")
 # a target language (ISO 639-1 or -3, any region or script subtag) -> the tokenizer BLEU needs for it:
-# sacreBLEU's choices for the languages written without spaces between words; 13a for the others
+# sacreBLEU's own for Chinese, Japanese and Korean; every character a token for the other scripts
+# written without spaces between words (Thai, Lao, Khmer, Burmese, Tibetan, Dzongkha); 13a for the rest
 _LANGUAGE_TOKENIZERS = {"zh": "zh", "zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "lzh": "zh", "wuu": "zh",
-                        "ja": "ja-mecab", "jpn": "ja-mecab", "ko": "ko-mecab", "kor": "ko-mecab"}
+                        "ja": "ja-mecab", "jpn": "ja-mecab", "ko": "ko-mecab", "kor": "ko-mecab",
+                        **dict.fromkeys(("th", "tha", "lo", "lao", "km", "khm", "my", "mya", "bur", "bo", "bod",
+                                         "tib", "dz", "dzo"), "char")}
 
 
 def default_tokenizer(lang: str) -> str:
-    """BLEU's tokenizer for text in ``lang`` (zh-Hant, ja_JP and jpn all count): zh, ja-mecab,
-    ko-mecab or 13a."""
-    primary = lang.replace("_", "-").split("-")[0].lower()
+    """BLEU's tokenizer for text in ``lang`` (zh-Hant, ja_JP, jpn and " th " all count): zh, ja-mecab,
+    ko-mecab, char or 13a."""
+    primary = lang.strip().replace("_", "-").split("-")[0].lower()
     return _LANGUAGE_TOKENIZERS.get(primary, "13a")
 
 
@@ -269,7 +283,8 @@ class EvalConfig:
     """How `nmtkit run`, dev BLEU in training and sweeps score: `nmtkit score`'s flags, so that
     dev and test are scored alike (docs/languages.md)."""
 
-    # BLEU's tokenizer (sacreBLEU's -tok); "": chosen from data.tgt_lang (zh, ja-mecab, ko-mecab, else 13a)
+    # BLEU's tokenizer (sacreBLEU's -tok); "": chosen from each test set's target language (zh, ja-mecab,
+    # ko-mecab, char for Thai, Lao, Khmer, Burmese, Tibetan and Dzongkha, else 13a: docs/languages.md)
     tokenize: Literal[("",) + SCORE_TOKENIZERS] = ""
     metrics: str = "bleu,chrf,ter"  # comma-separated: bleu, chrf, chrf++, ter, comet (BLEU is always computed)
     lowercase: bool = False  # case-insensitive BLEU and chrF

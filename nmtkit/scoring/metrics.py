@@ -2,9 +2,10 @@
 
 Metrics are built with sacreBLEU's command-line defaults, so a score here equals
 ``sacrebleu REF -i HYP -m bleu chrf ter -tok TOK`` digit for digit (chrF++ is sacreBLEU's
-``--chrf-word-order 2``; with a Chinese, Japanese or Korean tokenizer TER splits those
-scripts a character at a time, sacreBLEU's ``--ter-asian-support``). sacreBLEU is imported
-inside the functions: importing it costs ~0.1 s, and the training loop imports this module.
+``--chrf-word-order 2``; with a Chinese, Japanese or Korean tokenizer TER splits Chinese
+characters one by one, sacreBLEU's ``--ter-asian-support --ter-normalized``: the first does
+nothing without the second). sacreBLEU is imported inside the functions: importing it
+costs ~0.1 s, and the training loop imports this module.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ DEFAULT_METRICS = ("bleu", "chrf", "ter")
 LOWER_IS_BETTER = frozenset({"ter"})
 TOKENIZERS = SCORE_TOKENIZERS
 CJK_TOKENIZERS = frozenset({"zh", "ja-mecab", "ko-mecab"})
+SPM_TOKENIZERS = frozenset({"flores101", "flores200", "spBLEU-1K"})  # sacreBLEU's, with a downloaded model
 # the sacreBLEU extra each MeCab tokenizer needs (nmtkit's extras of the same name pull them in)
 _MECAB_EXTRAS = {"ja-mecab": "ja", "ko-mecab": "ko"}
 
@@ -44,11 +46,14 @@ def check_tokenizer(tokenize: str) -> None:
     try:
         BLEU(tokenize=resolve_tokenizer(tokenize))
     except RuntimeError as err:  # sacreBLEU's "requires extra dependencies" for the MeCab ones
-        if tokenize not in _MECAB_EXTRAS:
-            raise
-        extra = _MECAB_EXTRAS[tokenize]
-        raise ConfigError(f"tokenizer {tokenize} needs MeCab and its dictionary: pip install 'nmtkit[{extra}]' "
-                          f"(sacreBLEU's extra sacrebleu[{extra}])") from err
+        if tokenize in _MECAB_EXTRAS:
+            extra = _MECAB_EXTRAS[tokenize]
+            raise ConfigError(f"tokenizer {tokenize} needs MeCab and its dictionary: pip install 'nmtkit[{extra}]' "
+                              f"(sacreBLEU's extra sacrebleu[{extra}])") from err
+        if tokenize in SPM_TOKENIZERS:  # SentencePiece cannot read the file where the model should be
+            raise ConfigError(f"tokenizer {tokenize}: sacreBLEU's SentencePiece model is not readable "
+                              f"({_reason(err)}): {spm_model_hint(tokenize)}") from None
+        raise
     except (URLError, OSError) as err:  # the flores SentencePiece models, fetched on first use
         raise ConfigError(f"tokenizer {tokenize} needs sacreBLEU's SentencePiece model, which it could not "
                           f"download ({_reason(err)}): {spm_model_hint(tokenize)}") from None
@@ -83,8 +88,9 @@ def make_metric(name: str, lowercase: bool = False, tokenize: str = "13a") -> An
         return CHRF(lowercase=lowercase)
     if name == "chrf++":
         return CHRF(lowercase=lowercase, word_order=2)
-    if name == "ter":
-        return TER(asian_support=tokenize in CJK_TOKENIZERS)
+    if name == "ter":  # sacreBLEU splits CJK characters only in its normalised mode
+        cjk = tokenize in CJK_TOKENIZERS
+        return TER(asian_support=cjk, normalized=cjk)
     raise ConfigError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
 
 

@@ -46,6 +46,10 @@ class ScoreOptions:
     def tokenizer(self) -> str:
         return resolve_tokenizer(self.tokenize, self.target_lang)
 
+    def in_language(self, target_lang: str) -> "ScoreOptions":
+        """These options for references in ``target_lang`` (a given tokenizer still wins)."""
+        return dataclasses.replace(self, target_lang=target_lang)
+
     @property
     def sacrebleu_metrics(self) -> list[str]:
         return [name for name in self.metrics if name != "comet"]

@@ -129,7 +129,7 @@ def _add_p_value(sweep: Sweep, row: dict, variant: Variant, base: Variant) -> No
         return
     result = paired_test(read_lines(WorkDir(directory).results / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
                          test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED, lowercase=evaluation.lowercase,
-                         tokenize=evaluation.tokenizer(tgt))
+                         tokenize=evaluation.tokenizer(base.config.data.reference_language()))
     row["p_value"] = round(result["bleu"].p_value, 4)
 
 

@@ -85,9 +85,9 @@ def _against_baseline(sweep: Sweep, baseline: Variant, group: Variant, by_name: 
     if note:
         out["p_value_note"] = note
         return out
-    tgt, evaluation = baseline.config.data.tgt_lang, baseline.config.eval  # scored as `run` scored it
+    evaluation = baseline.config.eval  # scored as `run` scored it
     result = paired_runs_test(runs, "bleu", resamples, DEFAULT_SEED, lowercase=evaluation.lowercase,
-                              tokenize=evaluation.tokenizer(tgt))
+                              tokenize=evaluation.tokenizer(baseline.config.data.reference_language()))
     out.update(pooled_bleu=round(result.system, 2), baseline_pooled_bleu=round(result.baseline, 2),
                p_value=round(result.p_value, 4))
     return out

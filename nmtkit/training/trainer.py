@@ -65,7 +65,7 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
     if cfg.train.best_metric == "bleu":  # a tokenizer's missing package (MeCab) is found now, not at validation
         from nmtkit.scoring.metrics import check_tokenizer
 
-        check_tokenizer(cfg.eval.tokenizer(cfg.data.tgt_lang))
+        check_tokenizer(cfg.eval.tokenizer(cfg.data.reference_language("dev")))
     if dry_run:
         print_dry_run(cfg, console, device, dtype)
         return None
@@ -417,7 +417,7 @@ class Trainer:
                 options = TranslateOptions.from_decode(cfg.decode, beam_size=t.dev_bleu_beam, nbest=1)
                 scores.update(dev_bleu(self.model, self.dev_sources, self.dev_refs, self.src_vocab, self.tgt_vocab,
                                        self.device, self.dtype, options, t.dev_bleu_max_sentences,
-                                       tokenize=cfg.eval.tokenizer(cfg.data.tgt_lang), lowercase=cfg.eval.lowercase))
+                                       tokenize=cfg.eval.tokenizer(cfg.data.reference_language("dev")), lowercase=cfg.eval.lowercase))
         metric = scores.get("dev_bleu") if t.best_metric == "bleu" and "dev_bleu" in scores else -scores["dev_loss"]
         improved = self.state.best_score is None or metric > self.state.best_score
         if improved:
