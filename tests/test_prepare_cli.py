@@ -70,6 +70,32 @@ def test_files_errors(tmp_path, problem, fragments):
     assert_one_line_error(prepare(write_recipe(tmp_path, {"source": "files", "files": files})), *fragments)
 
 
+def test_a_corpus_inside_prepared_is_refused_and_left_alone(tmp_path):
+    """prepare rewrites prepared/: the user's corpus kept there (workdir: . with their own
+    prepared/train.en) would be deleted by its first run."""
+    inside = tmp_path / "work" / "prepared"
+    inside.mkdir(parents=True)
+    files = write_files(inside)
+    before = {path.name: path.read_bytes() for path in inside.iterdir()}
+    assert_one_line_error(prepare(write_recipe(tmp_path, {"source": "files", "files": files})),
+                          "data.files.train.en", "is inside", "keep the corpus outside it")
+    assert {path.name: path.read_bytes() for path in inside.iterdir()} == before
+
+
+def test_a_prepared_directory_nmtkit_did_not_make_is_refused(tmp_path):
+    recipe = write_recipe(tmp_path, {"source": "files", "files": write_files(tmp_path)})
+    prepared = tmp_path / "work" / "prepared"
+    (prepared / "tmp_notes").mkdir(parents=True)
+    (prepared / "tmp_notes" / "notes.txt").write_text("mine\n")
+    (prepared / "dev.en").write_text("my own dev set\n")
+    assert_one_line_error(prepare(recipe), f"{prepared} exists and nmtkit did not write it")
+    assert (prepared / "tmp_notes" / "notes.txt").read_text() == "mine\n"
+    assert (prepared / "dev.en").read_text() == "my own dev set\n"
+    for path in (prepared / "tmp_notes" / "notes.txt", prepared / "dev.en", prepared / "tmp_notes"):
+        path.unlink() if path.is_file() else path.rmdir()
+    assert prepare(recipe).returncode == 0  # an empty prepared/ is taken as prepare's own
+
+
 def test_vocab_too_large_for_the_data(tmp_path):
     recipe = write_recipe(tmp_path, {"source": "files", "files": write_files(tmp_path)})
     assert_one_line_error(prepare(recipe, "vocab.size=5000"), "SentencePiece training failed", "vocab.size")

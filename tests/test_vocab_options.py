@@ -15,6 +15,7 @@ from nmtkit.data import prepare as prep
 from nmtkit.data.identity import prepared_settings, settings_changes, with_defaults
 from nmtkit.data.vocab import Vocab, train_spm
 from nmtkit.errors import ConfigError
+from nmtkit.specials import UNK
 from support.planted import recipe, splits  # noqa: F401 (fixtures)
 
 
@@ -126,3 +127,26 @@ def _nested(override: str) -> dict:
     import yaml
 
     return {section: {name: yaml.safe_load(value)}}
+
+
+def test_a_directory_with_commas_and_lines_over_sentencepieces_limit_train(tmp_path):
+    """SentencePiece splits a string input on commas and skips lines over 4,192 bytes by default:
+    a model path with commas still trains, and text made only of long lines (paragraphs, CJK)
+    still gives a model that knows its characters."""
+    directory = tmp_path / "runs,seed=1"
+    long_lines = [" ".join(["alpha beta gamma δέλτα 中文"] * 200) + f" {i}" for i in range(40)]  # ~7 kB each
+    assert min(len(line.encode("utf-8")) for line in long_lines) > 4192
+    train_spm(long_lines, directory / "spm.model", vocab_size=32)  # 31 pieces hold its characters, 34 at most fit
+    vocab = Vocab(directory / "spm.model")
+    ids = vocab.encode("中文 δέλτα 7")
+    assert UNK not in ids and vocab.decode(ids) == "中文 δέλτα 7"
+
+
+def test_a_vocabulary_too_small_for_the_characters_says_to_raise_it(tmp_path):
+    from nmtkit.errors import DataError
+
+    text = ["".join(chr(0x4E00 + (i * 7 + j) % 60) for j in range(12)) for i in range(200)]  # 60 characters
+    with pytest.raises(DataError) as err:
+        train_spm(text, tmp_path / "spm.model", vocab_size=30)
+    message = str(err.value)
+    assert "raise vocab.size" in message and "smaller vocab.size" not in message and "\n" not in message

@@ -23,6 +23,7 @@ def target_tag(lang: str) -> str:
     return f"<2{lang}>"
 
 
+SPM_MAX_SENTENCE_BYTES = 4192  # SentencePiece's default max_sentence_length: the least we pass
 _MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}  # sentencepiece_model.proto, TrainerSpec.ModelType
 
 
@@ -189,16 +190,21 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    # resolved: SentencePiece splits its input list on commas, and a sweep's run directory (a
-    # linked prepared/ inside variants/NAME,seed=1,split=0/) has them where the shared one has none
+    # resolved: a sweep's run directory (a linked prepared/ inside variants/NAME,seed=1,split=0/) has
+    # commas where the shared one has none; the input goes as a list, which SentencePiece does not
+    # split on its commas (a string it does)
     with tempfile.TemporaryDirectory(dir=model_path.parent.resolve()) as tmp:
         corpus = Path(tmp) / "corpus.txt"
+        longest = 0  # bytes: SentencePiece skips longer lines (4,192 by default) unless told
         with open(corpus, "w", encoding="utf-8") as handle:
             for line in texts:
                 if line.strip():
-                    handle.write(line.replace("\n", " ") + "\n")
+                    line = line.replace("\n", " ")
+                    longest = max(longest, len(line.encode("utf-8")))
+                    handle.write(line + "\n")
         prefix = Path(tmp) / "spm"
-        options = dict(input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
+        options = dict(input=[str(corpus)], model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
+                       max_sentence_length=max(SPM_MAX_SENTENCE_BYTES, longest + 1),
                        character_coverage=character_coverage, input_sentence_size=input_sentence_size,
                        shuffle_input_sentence=True, minloglevel=2, num_threads=os.cpu_count() or 1,
                        byte_fallback=byte_fallback, normalization_rule_name=normalization, split_digits=split_digits,
@@ -213,11 +219,20 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
             else:
                 _train(seed, options)
         except RuntimeError as err:  # a killed child (out of memory) is a BrokenProcessPool, a RuntimeError
-            raise DataError(f"SentencePiece training failed: {(str(err).splitlines() or ['killed'])[-1]} "
-                            f"(try a smaller vocab.size, or a smaller vocab.input_sentence_size if it ran "
-                            f"out of memory)") from None
+            message = (str(err).splitlines() or ["killed"])[-1]
+            raise DataError(f"SentencePiece training failed: {message} ({spm_advice(message)})") from None
         os.replace(f"{prefix}.model", model_path)
         os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
+
+
+def spm_advice(message: str) -> str:
+    """What to change for SentencePiece's error ``message``: the vocabulary cannot hold the text's
+    characters (a larger vocab.size), or anything else (a smaller one, or less memory)."""
+    needed = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if needed:
+        return (f"the text needs more than {needed.group(2)} pieces for its characters alone: raise "
+                f"vocab.size, or lower vocab.character_coverage")
+    return "try a smaller vocab.size, or a smaller vocab.input_sentence_size if it ran out of memory"
 
 
 def _train(seed: int, options: dict) -> None:
