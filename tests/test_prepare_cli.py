@@ -1,6 +1,7 @@
 """``nmtkit prepare`` through the real command line: success, and one clean line per user error."""
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,38 @@ def test_a_prepared_directory_nmtkit_did_not_make_is_refused(tmp_path):
     for path in (prepared / "tmp_notes" / "notes.txt", prepared / "dev.en", prepared / "tmp_notes"):
         path.unlink() if path.is_file() else path.rmdir()
     assert prepare(recipe).returncode == 0  # an empty prepared/ is taken as prepare's own
+
+
+def test_compressed_files_prepare_as_their_text(tmp_path):
+    """gzip, bzip2 and xz files, known by their first bytes whatever their names, give the same
+    prepared data as the plain files."""
+    import bz2
+    import gzip
+    import lzma
+
+    plain = write_recipe(tmp_path, {"source": "files", "files": write_files(tmp_path)})
+    assert prepare(plain).returncode == 0
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    files = write_files(packed)
+    for (split, langs), compress in zip(files.items(), (gzip.compress, bz2.compress, lzma.compress)):
+        for lang, path in langs.items():  # train as gzip, dev as bzip2, test as xz; the names kept
+            Path(path).write_bytes(compress(Path(path).read_bytes()))
+    assert prepare(write_recipe(packed, {"source": "files", "files": files})).returncode == 0
+    for name in ("dev.en", "dev.es", "test.en", "test.es"):
+        assert (packed / "work" / "prepared" / name).read_bytes() == (tmp_path / "work" / "prepared" / name).read_bytes()
+    read = [json.loads((root / "work" / "prepared" / "manifest.json").read_text())["splits"] for root in (tmp_path, packed)]
+    assert read[0] == read[1] and read[0]["train"]["pairs"] == 40
+
+
+def test_a_damaged_compressed_file_is_a_one_line_error(tmp_path):
+    import gzip
+
+    files = write_files(tmp_path, lines=2000)
+    train = Path(files["train"]["es"])
+    train.write_bytes(gzip.compress(train.read_bytes())[:-200])  # cut short
+    assert_one_line_error(prepare(write_recipe(tmp_path, {"source": "files", "files": files})),
+                          str(train), "data.files.train.es", "a damaged gzip file")
 
 
 def test_vocab_too_large_for_the_data(tmp_path):
