@@ -156,6 +156,61 @@ def test_hub_id_offline_and_not_cached_is_one_line(tmp_path, monkeypatch, capsys
     assert "cannot fetch Helsinki-NLP/opus-mt-en-de from the Hugging Face Hub" in err
 
 
+def hub_repo(hf_dir: Path, out: Path, weights: str) -> Path:
+    """A copy of ``hf_dir`` as a Hub repository holding ``weights``: model.safetensors and
+    pytorch_model.bin (the same tensors), or pytorch_model.bin alone."""
+    from safetensors.torch import load_file
+
+    shutil.copytree(hf_dir, out)
+    torch.save(load_file(str(out / "model.safetensors")), out / "pytorch_model.bin")
+    if weights == "bin-only":
+        (out / "model.safetensors").unlink()
+    return out
+
+
+@pytest.mark.parametrize("weights", ["both", "bin-only"])
+def test_hub_fetch_asks_for_the_bin_only_without_safetensors(hf_dir, tmp_path, monkeypatch, weights):
+    """One weight file is read, so one is downloaded: a stand-in Hub records the patterns asked for."""
+    import huggingface_hub
+
+    from nmtkit.pretrained.marian_import import HUB_FILES, import_marian
+
+    repo, snapshot, asked = hub_repo(hf_dir, tmp_path / "repo", weights), tmp_path / "snapshot", []
+
+    def snapshot_download(repo_id, allow_patterns):
+        asked.append(sorted(allow_patterns))
+        snapshot.mkdir(exist_ok=True)
+        for name in allow_patterns:
+            if (repo / name).is_file():
+                shutil.copyfile(repo / name, snapshot / name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    import_marian("owner/opus-mt-xx-yy", tmp_path / "m")
+    without_bin = sorted(set(HUB_FILES) - {"pytorch_model.bin"})
+    assert asked == ([without_bin] if weights == "both" else [without_bin, sorted(HUB_FILES)])
+    assert (snapshot / "pytorch_model.bin").is_file() == (weights == "bin-only")
+
+
+@pytest.mark.parametrize("weights", ["both", "bin-only"])
+def test_a_cached_hub_snapshot_imports_offline(hf_dir, tmp_path, monkeypatch, weights):
+    """Offline, huggingface_hub's cached copy is used, whichever weight file it holds."""
+    from huggingface_hub import constants
+
+    from nmtkit.modeldir import load_model_dir
+    from nmtkit.pretrained.marian_import import import_marian
+
+    commit, cached = "0123456789abcdef0123456789abcdef01234567", tmp_path / "hub" / "models--owner--opus-mt-xx-yy"
+    snapshot = hub_repo(hf_dir, cached / "snapshots" / commit, weights)  # the cache's layout: refs name snapshots
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    loaded = load_model_dir(import_marian("owner/opus-mt-xx-yy", tmp_path / "m"))
+    assert loaded.meta["imported_from"]["revision"] == commit
+    assert sorted(loaded.meta["imported_from"]["files"]) == sorted(path.name for path in snapshot.iterdir())
+
+
 def test_ctranslate2_export_of_an_imported_model_translates_the_same(imported, tmp_path, monkeypatch, capsys):
     pytest.importorskip("ctranslate2")
     text = tmp_path / "in.txt"

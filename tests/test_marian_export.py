@@ -3,6 +3,7 @@ computes; import then export gives back the original tensors; what Marian cannot
 one line naming the setting."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from conftest import tiny_sentences
 from support.cli import cli_in_process
 from support.marian_models import make_marian
 
-from nmtkit.config import ModelConfig
+from nmtkit.config import DecodeConfig, ModelConfig
 from nmtkit.modeldir import load_model_dir, save_model_dir
 from nmtkit.models.build import build_model
 from nmtkit.pretrained.marian_export import export_marian
@@ -27,7 +28,6 @@ pytest.importorskip("transformers")
                          ids=["shared", "separate"])
 def test_import_then_export_gives_back_the_same_tensors(tmp_path, shape):
     from safetensors.torch import load_file
-    from transformers import MarianMTModel, MarianTokenizer
 
     original = make_marian(tmp_path / "hf", **shape)
     exported = export_marian(import_marian(str(original), tmp_path / "model"), tmp_path / "back")
@@ -38,6 +38,40 @@ def test_import_then_export_gives_back_the_same_tensors(tmp_path, shape):
     for name in ("vocab.json", "target_vocab.json"):
         if (original / name).exists():
             assert json.loads((exported / name).read_text()) == json.loads((original / name).read_text())
+    assert sharing(exported) == sharing(original)
+    assert_same_generation(original, exported)
+
+
+def test_a_shared_untied_model_comes_back_with_separate_vocabularies(tmp_path):
+    """share_encoder_decoder_embeddings true, tie_word_embeddings false imports as tie_embeddings
+    none, so it goes back with separate vocabularies, each the original vocab.json, and its encoder,
+    decoder and output tables bit for bit, without model.shared (transformers 5.24 reads the
+    encoder's and decoder's own tables for such a model); generate gives the same ids."""
+    from safetensors.torch import load_file
+
+    original = make_marian(tmp_path / "hf", activation="gelu", tied=False)
+    exported = export_marian(import_marian(str(original), tmp_path / "model"), tmp_path / "back")
+    before, after = load_file(str(original / "model.safetensors")), load_file(str(exported / "model.safetensors"))
+    assert sorted(set(before) - set(after)) == ["model.shared.weight"] and set(after) <= set(before)
+    for name in after:
+        assert torch.equal(before[name], after[name]), name
+    assert sharing(original) == (True, False) and sharing(exported) == (False, False)
+    vocab = json.loads((original / "vocab.json").read_text())
+    assert json.loads((exported / "vocab.json").read_text()) == vocab
+    assert json.loads((exported / "target_vocab.json").read_text()) == vocab
+    assert_same_generation(original, exported)
+
+
+def sharing(directory: Path) -> tuple[bool, bool]:
+    """config.json's (share_encoder_decoder_embeddings, tie_word_embeddings)."""
+    config = json.loads((directory / "config.json").read_text())
+    return config["share_encoder_decoder_embeddings"], config["tie_word_embeddings"]
+
+
+def assert_same_generation(original: Path, exported: Path) -> None:
+    """MarianTokenizer reads sources alike from both directories, and generate gives the same ids."""
+    from transformers import MarianMTModel, MarianTokenizer
+
     lines = tiny_sentences(5, 3)
     ours, theirs = (MarianTokenizer.from_pretrained(d)(lines, return_tensors="pt", padding=True)
                     for d in (exported, original))
@@ -47,7 +81,7 @@ def test_import_then_export_gives_back_the_same_tensors(tmp_path, shape):
     assert torch.equal(a, b)
 
 
-def native_model(tmp_path: Path, spm: Path, **model) -> Path:
+def native_model(tmp_path: Path, spm: Path, decode: DecodeConfig | None = None, **model) -> Path:
     cfg = ModelConfig(**{**dict(d_model=16, ffn_dim=32, heads=2, encoder_layers=2, decoder_layers=1, dropout=0.0,
                                 max_positions=64), **model})
     torch.manual_seed(0)
@@ -55,7 +89,26 @@ def native_model(tmp_path: Path, spm: Path, **model) -> Path:
     with torch.no_grad():
         for param in net.parameters():
             param.add_(torch.randn_like(param) * 0.3)
-    return save_model_dir(net, cfg, tmp_path / "native", spm, spm)
+    meta = {"decode": dataclasses.asdict(decode)} if decode is not None else None
+    return save_model_dir(net, cfg, tmp_path / "native", spm, spm, meta)
+
+
+def test_generation_config_carries_beam_and_minimum_length_not_the_length_penalty(tmp_path, tiny_spm):
+    """num_beams is decode.beam_size and min_new_tokens decode.min_len (both block EOS before that
+    many output pieces); lenpen is GNMT's, which generate's length_penalty is not, so none is
+    written. Imported again, the export has the same beam and minimum."""
+    from transformers import GenerationConfig
+
+    native_model(tmp_path, tiny_spm, DecodeConfig(beam_size=3, min_len=2, lenpen=0.8))
+    exported = export_marian(tmp_path / "native", tmp_path / "marian")
+    written = json.loads((exported / "generation_config.json").read_text())
+    assert {key: written[key] for key in ("num_beams", "min_new_tokens", "max_length")} == \
+        {"num_beams": 3, "min_new_tokens": 2, "max_length": 64}
+    assert "length_penalty" not in written and "min_length" not in written
+    loaded = GenerationConfig.from_pretrained(exported)
+    assert (loaded.num_beams, loaded.min_new_tokens) == (3, 2)
+    again = load_model_dir(import_marian(str(exported), tmp_path / "again")).meta["decode"]
+    assert (again["beam_size"], again["min_len"], again["max_len_b"]) == (3, 2, 62)
 
 
 @pytest.mark.parametrize("model", [dict(), dict(ffn="gelu", tie_embeddings="none")], ids=["paper", "gelu-untied"])

@@ -66,6 +66,44 @@ def test_teacher_forced_logprobs_equal_marian(tmp_path, shape):
         torch.testing.assert_close(ours, theirs[row, :len(ours)], atol=1e-4, rtol=0)
 
 
+def test_source_ids_equal_marian_tokenizer_punctuation_included(tmp_path):
+    """MarianTokenizer does not normalise punctuation (it never calls its Moses normaliser): the
+    ids of text Moses would change equal nmtkit's. A special token written as text is that token
+    to MarianTokenizer, text to nmtkit (docs/pretrained.md names both)."""
+    from transformers import MarianTokenizer
+
+    hf_dir = make_marian(tmp_path / "hf", **SHAPES["multilingual"])
+    vocab = load_model_dir(import_marian(str(hf_dir), tmp_path / "model")).src_vocab
+    tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    for line in ("«the cat» — sat…  on „the“ mat ’s", "the cat , sat .", ">>fra<<the  cat  "):
+        assert [vocab.original_ids[i] for i in vocab.encode(line)] == tokenizer(line).input_ids, line
+    theirs = tokenizer("the </s> cat").input_ids
+    assert theirs == [*tokenizer("the").input_ids, *tokenizer("cat").input_ids]  # </s> read as the token
+    assert [vocab.original_ids[i] for i in vocab.encode("the </s> cat")].count(tokenizer.eos_token_id) == 1
+
+
+def test_an_over_long_source_keeps_its_eos_as_marian_tokenizer_truncates(tmp_path):
+    """A source over the limit is cut as MarianTokenizer(truncation=True) cuts it: its pieces,
+    then </s> last (a >>xx<< code stays first); a line within the limit stays whole."""
+    from transformers import MarianTokenizer
+
+    from nmtkit.decoding.torch_engine import TorchEngine
+    from nmtkit.decoding.translate import Translator
+
+    hf_dir = make_marian(tmp_path / "hf", **SHAPES["multilingual"])
+    loaded = load_model_dir(import_marian(str(hf_dir), tmp_path / "model"))
+    tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    lines = [" ".join(tiny_sentences(4, 5)), "the cat"]
+    for lang, code in (("", ""), ("deu", ">>deu<< ")):
+        options = TranslateOptions(max_source_len=10, target_lang=lang, device="cpu", dtype="float32")
+        translator = Translator(TorchEngine.from_loaded([loaded], options), options)
+        ours = [[loaded.src_vocab.original_ids[i] for i in ids] for ids in translator.encode(lines)]
+        theirs = tokenizer([code + line for line in lines], truncation=True, max_length=10).input_ids
+        assert ours == theirs
+        assert len(ours[0]) == 10 and ours[0][-1] == tokenizer.eos_token_id == 0 and len(ours[1]) < 10
+        assert translator.truncated == 1  # the warning still counts the cut line
+
+
 def hf_translations(hf, tokenizer, lines: list[str], beam: int, max_pieces: int,
                     sequences: list | None = None) -> list[str]:
     """transformers' generate with our search's rules: pad never generated, raw log-prob ranking

@@ -117,6 +117,17 @@ def test_collate_adds_bos_eos_and_pads(tmp_path):
     assert batch.ntokens == 5
 
 
+def test_collate_cuts_long_sources_keeping_a_final_eos(tmp_path):
+    """An imported MarianMT model's sources end in EOS (as MarianTokenizer writes them): cut to
+    the limit, they keep it last; sources without one keep their first pieces."""
+    from nmtkit.data.ids import save_split
+
+    save_split(tmp_path / "x.npz", [[5, 6, 7, 8, EOS], [5, 6, 7, 8, 9], [5, EOS]], [[9], [10], [11]])
+    batch = collate(load_split(tmp_path / "x.npz"), np.array([0, 1, 2]), max_len=3)
+    assert batch.src.tolist() == [[5, 6, EOS], [5, 6, 7], [5, EOS, PAD]]
+    assert batch.tgt_out.tolist() == [[9, EOS], [10, EOS], [11, EOS]]
+
+
 @pytest.fixture(scope="module")
 def prepared_task(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("task")

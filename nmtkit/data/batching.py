@@ -55,11 +55,22 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, se
     return batches
 
 
+def cut_source(ids, limit: int):
+    """The first ``limit`` ids of a source (a list or an array); one that ends in EOS (an imported
+    MarianMT model's sources do) keeps it last, as MarianTokenizer's truncation does."""
+    if len(ids) <= limit:
+        return ids
+    if ids[-1] != EOS:
+        return ids[:limit]
+    head = ids[:limit - 1]
+    return np.concatenate([head, ids[-1:]]) if isinstance(ids, np.ndarray) else [*head, ids[-1]]
+
+
 def collate(data: ParallelIds, indices: np.ndarray, max_len: int | None = None) -> Batch:
     """Pad sentences ``indices`` into a Batch, adding BOS/EOS to the target side."""
     pairs = [data.pair(int(i)) for i in indices]
     if max_len is not None:
-        pairs = [(s[:max_len], t[:max_len - 1]) for s, t in pairs]
+        pairs = [(cut_source(s, max_len), t[:max_len - 1]) for s, t in pairs]
     src_len = max(1, max(len(s) for s, _ in pairs))
     tgt_len = max(len(t) for _, t in pairs) + 1
     src = np.full((len(pairs), src_len), PAD, dtype=np.int64)

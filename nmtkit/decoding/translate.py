@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
+from nmtkit.data.batching import cut_source
 from nmtkit.data.vocab import with_tag
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.batching import token_batches
@@ -113,16 +114,17 @@ class Translator:
                                      len(self.tgt_vocab), max(pieces[i] for i in group), o.alignments)
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Source ids per line ([] for blank lines), cut to ``input_limit`` pieces. A line far
-        longer than that many pieces could hold is cut as text first, so encoding a huge line
-        costs memory in proportion to the limit, not to the line."""
+        """Source ids per line ([] for blank lines), cut to ``input_limit`` pieces; ids that end in
+        EOS (an imported model's: ``MappedVocab``) keep it last, as MarianTokenizer's truncation
+        does. A line far longer than that many pieces could hold is cut as text first, so encoding
+        a huge line costs memory in proportion to the limit, not to the line."""
         limit = self.input_limit
         chars = limit * _CHARS_PER_PIECE
         cut = [len(line) > chars for line in lines]
         lines = [line[:chars] if long else line for line, long in zip(lines, cut)]
         sources = self.src_vocab.encode_batch([with_tag(line, self.tag) if line.strip() else "" for line in lines])
         self.truncated += sum(len(ids) > limit or long for ids, long in zip(sources, cut))
-        return [ids[:limit] for ids in sources]
+        return [cut_source(ids, limit) for ids in sources]
 
     def format(self, index: int, hyps: list[Hypothesis], src_ids: list[int], prefix: str = "") -> str:
         """The output line(s) of input ``index``. With nbest > 1 always exactly nbest lines: when the

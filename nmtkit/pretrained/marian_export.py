@@ -106,7 +106,7 @@ def _config(cfg, orders: dict, tgt_vocab: dict) -> dict:
 
 def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
     """Write ``model_dir`` as the MarianMT directory ``out_dir`` (a temp sibling renamed into place)."""
-    from nmtkit.modeldir import load_model_dir, state_dict_for_save, write_weights
+    from nmtkit.modeldir import load_model_dir, saved_decode, state_dict_for_save, write_weights
     from nmtkit.storage.outputs import check_output_dir
 
     out_dir = check_output_dir(out_dir, export_dir_problem)
@@ -138,12 +138,14 @@ def export_marian(model_dir: str | Path, out_dir: str | Path) -> Path:
             "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": cfg.max_positions,
             "source_lang": loaded.meta.get("src_lang") or None, "target_lang": loaded.meta.get("tgt_lang") or None})
         banned = [[config["pad_token_id"]]] + ([[vocabs["tgt"][ADDED_PAD]]] if ADDED_PAD in vocabs["tgt"] else [])
-        decode = loaded.meta.get("decode", {})
+        decode = saved_decode(loaded.meta, model_dir)
+        # min_new_tokens is our min_len (both block EOS before that many output pieces); no length_penalty:
+        # generate's (logprob / L ** alpha) is not our GNMT lenpen, so generate keeps its own default
         _write_json(tmp / "generation_config.json", {
             "bad_words_ids": banned, "decoder_start_token_id": config["pad_token_id"],
             "eos_token_id": config["eos_token_id"], "forced_eos_token_id": config["eos_token_id"],
-            "pad_token_id": config["pad_token_id"], "num_beams": int(decode.get("beam_size", 4)),
-            "max_length": cfg.max_positions})
+            "pad_token_id": config["pad_token_id"], "num_beams": decode.beam_size,
+            "min_new_tokens": decode.min_len, "max_length": cfg.max_positions})
         _write_json(tmp / META, {"format": "marian", "source_model": str(Path(model_dir).resolve()),
                                  "source_weights_sha256": loaded.meta.get("weights_sha256")})
         write_manifest(tmp, [path.name for path in tmp.iterdir() if path.is_file()])

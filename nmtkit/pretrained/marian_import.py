@@ -73,7 +73,9 @@ def read_marian_weights(directory: Path) -> dict:
 
 def fetch(source: str) -> tuple[Path, dict]:
     """A local directory as it is; otherwise a Hub id fetched into huggingface_hub's cache (the
-    cached copy when offline). Returns the directory and what to record of its origin."""
+    cached copy when offline), pytorch_model.bin only when no model.safetensors came (a second
+    call: a repository with both would otherwise download the weights twice). Returns the
+    directory and what to record of its origin."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path, {"source": str(path.resolve())}
@@ -85,7 +87,9 @@ def fetch(source: str) -> tuple[Path, dict]:
         raise NmtkitError(f"{source} is not a directory; fetching Hub ids needs huggingface_hub: "
                           f"pip install 'nmtkit[hf]'") from None
     try:
-        fetched = snapshot_download(source, allow_patterns=list(HUB_FILES))
+        fetched = snapshot_download(source, allow_patterns=[name for name in HUB_FILES if name != "pytorch_model.bin"])
+        if not (Path(fetched) / "model.safetensors").is_file():
+            fetched = snapshot_download(source, allow_patterns=list(HUB_FILES))  # the rest is cached by now
     except Exception as err:  # offline and not cached, unknown repository, ... (hub error types vary)
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise NmtkitError(f"cannot fetch {source} from the Hugging Face Hub and it is not cached ({first})") from None
