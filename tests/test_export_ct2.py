@@ -146,3 +146,28 @@ def test_ctranslate2_alignments_do_not_depend_on_the_lines_around_them(reversal_
     together = translator.translate(lines)
     assert together == [translator.translate([line])[0] for line in lines]
     assert sum("-" in line.split("\t")[-1] for line in together) >= len(lines) // 2  # alignments there
+
+
+def test_ctranslate2_beam_search_chooses_at_the_length_limit_as_free_and_refuses_scored(reversal_spm, tmp_path):
+    """CTranslate2 stops at the length limit without an EOS: its beam search chooses what our
+    eos_at_limit free chooses, so asking it for scored is refused; greedy chooses the same under
+    either rule, so there scored is taken (its scores: tests/test_forced_eos.py)."""
+    model_dir = train_tiny(reversal_spm, tmp_path / "model", steps=60)
+    assert run_cli("export", str(model_dir), "--format", "ctranslate2", "-o", str(tmp_path / "ct2")).returncode == 0
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in source_lines() if line.strip()), encoding="utf-8")
+    limit = ["--beam-size", "4", "--max-len-a", "0", "--max-len-b", "3", "--device", "cpu"]
+    outputs = {}
+    for name, model, extra in (("ct2", tmp_path / "ct2", []), ("free", model_dir, ["--eos-at-limit", "free"]),
+                               ("scored", model_dir, ["--eos-at-limit", "scored"])):
+        done = run_cli("translate", "-m", str(model), "-i", str(source), *limit, *extra)
+        assert done.returncode == 0, done.stderr.decode()
+        outputs[name] = done.stdout.decode().splitlines()
+    assert outputs["ct2"] == outputs["free"] != outputs["scored"]  # outputs reach the limit, where the rules differ
+    refused = run_cli("translate", "-m", str(tmp_path / "ct2"), "-i", str(source), *limit, "--eos-at-limit", "scored")
+    assert (refused.returncode, refused.stderr.decode()) == (
+        2, "nmtkit: error: --eos-at-limit scored needs the torch engine for beam search: CTranslate2's beam search "
+           "ends an output at the length limit without an EOS, choosing as --eos-at-limit free does\n")
+    greedy = run_cli("translate", "-m", str(tmp_path / "ct2"), "-i", str(source), *limit, "--eos-at-limit", "scored",
+                     "--beam-size", "1")
+    assert greedy.returncode == 0, greedy.stderr.decode()
