@@ -98,3 +98,15 @@ def test_directory_without_dataset(tmp_path):
 def test_no_name_is_a_config_error():
     with pytest.raises(ConfigError, match="data.hf_name"):
         read_corpus(DataConfig(source="hf"))
+
+
+def test_provenance_records_the_configuration_actually_read(local_dataset):
+    """save_to_disk here has no de-en subdirectory, so the directory is read as it is and no
+    configuration is recorded; the parquet layout reads its de-en subdirectory."""
+    corpus = read_corpus(config(local_dataset))
+    assert corpus.provenance["hf_config"] == ("" if local_dataset.name == "save_to_disk" else "de-en")
+
+
+def test_a_revision_for_a_local_directory_is_refused(local_dataset):
+    with pytest.raises(ConfigError, match="data.hf_revision pins a Hub dataset's version; .* remove data.hf_revision"):
+        read_corpus(config(local_dataset, hf_revision="v1.0"))

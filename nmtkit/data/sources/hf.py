@@ -53,7 +53,7 @@ def read(data: SourceConfig) -> Corpus:
         _check_languages(split, data, ours)
     dev, test = (list(_pairs(splits[name], data)) for name in ("dev", "test"))
     provenance = {
-        "hf_name": data.hf_name, "hf_config": data.hf_config, "hf_revision": data.hf_revision,
+        "hf_name": data.hf_name, "hf_config": used_config(data), "hf_revision": data.hf_revision,
         "splits": {ours: data.hf_splits.get(ours) for ours in splits},
         "rows": {ours: len(split) for ours, split in splits.items()},
         "fingerprints": {ours: getattr(split, "_fingerprint", None) for ours, split in splits.items()},
@@ -62,11 +62,23 @@ def read(data: SourceConfig) -> Corpus:
                   train_size=len(splits["train"]))
 
 
+def used_config(data: SourceConfig) -> str:
+    """The configuration read: the Hub's ``hf_config``, or in a local directory the subdirectory of
+    that name when there is one ("" when the directory is read as it is)."""
+    path = local_dir(data)
+    if path is None or not data.hf_config:
+        return data.hf_config
+    return data.hf_config if (path / data.hf_config).is_dir() else ""
+
+
 def _load(data: SourceConfig):
     """A DatasetDict from disk, parquet or the Hub; failures become one-line DataErrors."""
     import datasets
 
     path = local_dir(data)
+    if path is not None and data.hf_revision:
+        raise ConfigError(f"data.hf_revision pins a Hub dataset's version; {path} is a local directory, which has "
+                          f"none: remove data.hf_revision")
     try:
         with _quiet_hub():
             if path is None:
