@@ -206,25 +206,29 @@ def serve(
 
 @app.command(cls=_Command)
 def score(
+    ctx: typer.Context,
     ref: List[Path] = typer.Option(..., "-r", "--ref", help="Reference file (repeat for several references)."),
     input: Optional[Path] = typer.Option(None, "-i", "--input", help="Hypotheses (default: stdin)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A second system's hypotheses: paired significance test."),
     metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, chrf++ (word "
                                 "bigrams too), ter, comet (needs --comet-model and --source)."),
     tokenize: Optional[str] = typer.Option(None, "--tokenize", "-tok", show_default=False,
-                                           help="BLEU's tokenizer (sacreBLEU's -tok): 13a, intl, zh, ja-mecab, "
-                                           "ko-mecab, char, flores101, flores200, spBLEU-1K, none (default: from "
-                                           "--target-lang, else 13a)."),
+                                           help="BLEU's tokenizer (sacreBLEU's -tok; TER reads it only to split "
+                                           "Chinese, Japanese and Korean): 13a, intl, zh, ja-mecab, ko-mecab, char, "
+                                           "flores101, flores200, spBLEU-1K, none (default: from --target-lang, "
+                                           "else 13a). Needs bleu or ter in --metrics."),
     target_lang: Optional[str] = typer.Option(None, "--target-lang", "-l", show_default=False,
                                               help="Language of the references (zh, ja, ko, ...): chooses the "
-                                              "tokenizer when --tokenize is not given."),
+                                              "tokenizer when --tokenize is not given. Needs bleu or ter in "
+                                              "--metrics."),
     segments: Optional[Path] = typer.Option(None, "--segments", show_default=False,
                                             help="Also write each line's scores to FILE as JSON lines."),
     source: Optional[Path] = typer.Option(None, "-s", "--source", show_default=False,
-                                          help="The source sentences (COMET reads them)."),
+                                          help="The source sentences, which COMET reads (--metrics comet only)."),
     comet_model: Optional[str] = typer.Option(None, "--comet-model", show_default=False,
                                               help="A local COMET model directory (DIR/checkpoints/model.ckpt)."),
-    comet_batch_size: int = typer.Option(16, "--comet-batch-size", help="Sentences per COMET batch."),
+    comet_batch_size: int = typer.Option(16, "--comet-batch-size", help="Sentences per COMET batch (--metrics "
+                                         "comet only)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     tokenized_bleu: bool = typer.Option(False, "--tokenized-bleu", help="Also report paper-style tokenized, compound-split BLEU (not comparable to sacreBLEU)."),
     test: Optional[str] = typer.Option(None, "--test", show_default=False, help="Significance test with --baseline: "
@@ -243,6 +247,13 @@ def score(
     options = ScoreOptions(metrics=tuple(m.strip() for m in metrics.split(",") if m.strip()), tokenize=tokenize or "",
                            target_lang=target_lang or "", lowercase=lowercase, comet_model=comet_model or "",
                            comet_batch_size=comet_batch_size)
+    no_comet, no_tokenizer = "comet" not in options.metrics, not options.reads_tokenizer
+    unread = "is read by --metrics bleu and ter only (ter: to split Chinese, Japanese and Korean): add one of them " \
+             "or leave it out"
+    _refuse_unused(ctx, [("source", no_comet, "is for --metrics comet (COMET reads the source sentences): add comet "
+                          "to --metrics or leave it out"),
+                         ("comet_batch_size", no_comet, "is for --metrics comet: add comet to --metrics or leave it out"),
+                         ("tokenize", no_tokenizer, unread), ("target_lang", no_tokenizer, unread)])
     score_command(
         refs=ref, hyp=input, baseline=baseline, options=options, as_json=json_out, tokenized_bleu=tokenized_bleu,
         test=test, resamples=resamples, console=_console(), alpha=alpha, sources=source, segments=segments,
@@ -358,18 +369,21 @@ def plot(
 def attention(
     sentence: str = typer.Argument(..., help="Source sentence to translate.", show_default=False),
     model: Path = typer.Option(..., "-m", "--model", help="Model directory."),
-    output: str = typer.Option("attention.png", "-o", "--output", metavar="<path>",
-                               help="Image to write; its suffix picks the format (png, pdf, svg)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="<path>", show_default=False,
+                                         help="File to write: the image (default attention.png; its suffix picks "
+                                         "the format: png, pdf, svg), or with --format json the JSON (default: "
+                                         "stdout)."),
     layer: Optional[int] = typer.Option(None, "--layer", help="Decoder layer, numbered from 1 (default: the last).",
                                         show_default=False),
     head: Optional[int] = typer.Option(None, "--head", help="Head, numbered from 1 (default: the mean over heads).",
                                        show_default=False),
     grid: bool = typer.Option(False, "--grid", help="Every head of the layer, one panel each."),
-    fmt: str = typer.Option("png", "--format", help="png: draw the image at -o; json: print pieces and matrix to stdout."),
+    fmt: str = typer.Option("png", "--format", help="png: draw the image at -o; json: pieces and matrix, to -o or "
+                            "stdout."),
     beam_size: Optional[int] = typer.Option(None, "--beam-size", "-b", min=1, show_default=False,
                                             help="Beam size of the translation (default: the model's, as translate)."),
-    size: Optional[str] = typer.Option(None, "--size", help="Image size WIDTHxHEIGHT in pixels (default: fits the sentence).",
-                                       show_default=False),
+    size: Optional[str] = typer.Option(None, "--size", help="Image size WIDTHxHEIGHT in pixels (default: fits the "
+                                       "sentence); not with --format json.", show_default=False),
     device: str = typer.Option("cpu", "--device", help="auto, cpu, cuda or cuda:N."),
     target_lang: opts.TargetLang = opts.DEFAULTS.target_lang,
 ) -> None:
@@ -378,7 +392,7 @@ def attention(
     from nmtkit.viz.figure import parse_size
 
     attention_command(model, sentence, output, layer, head, grid, fmt, beam_size,
-                      parse_size(size) if size else None, device, _console(), target_lang)
+                      parse_size(size) if size is not None else None, device, _console(), target_lang)
 
 
 @app.command(cls=_Command)

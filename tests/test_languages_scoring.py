@@ -220,7 +220,7 @@ def test_a_mean_of_segments_metric_is_tested_like_the_others():
     (("--metrics", "comet"), "--metrics comet needs --comet-model DIR"),
     (("--comet-model", "x"), "--comet-model is for --metrics comet"),
     (("--metrics", "comet", "--comet-model", "nowhere"), "--metrics comet needs the source sentences"),
-    (("--comet-batch-size", "0"), "--comet-batch-size must be"),
+    (("--metrics", "comet", "--comet-batch-size", "0"), "--comet-batch-size must be"),
 ])
 def test_bad_values_are_one_line_errors(files, args, message):
     result = run_cli("score", "-r", str(files["ref"]), "-i", str(files["hyp"]), *args)
@@ -292,3 +292,24 @@ def test_sweep_tables_add_chrf_plus_plus_and_comet_columns_only_when_scored():
     header, values = table({"test_chrf++": 57.25, "test_comet": 0.81234})
     assert header[1:7] == ["test BLEU", "p", "chrF", "TER", "chrF++", "COMET"]
     assert values[5:7] == ["57.25", "0.8123"]
+
+
+def test_a_recipe_sets_comet_batch_size_only_with_comet_and_run_still_scores_bleu(tmp_path):
+    """eval.comet_batch_size without comet in eval.metrics was range-checked and then read by
+    nothing. `run` always computes BLEU, so its tokenizer and language stay read whatever the
+    metrics (the CLI's refusals of an unread --tokenize or --target-lang do not reach it)."""
+    from nmtkit.config import load_config
+    from nmtkit.pipeline import eval_options
+
+    overrides = ["data.source=sword", "data.tgt_lang=zh"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [*overrides, "eval.metrics=bleu,chrf", "eval.comet_batch_size=8"])
+    assert str(refused.value) == ("eval.comet_batch_size is 8 but eval.metrics does not name comet: add it, or "
+                                  "remove the key")
+    cfg = load_config(None, [*overrides, "eval.metrics=chrf++,comet", f"eval.comet_model={tmp_path}",
+                             "eval.comet_batch_size=8"])
+    assert cfg.eval.comet_batch_size == 8
+    chrf_only = eval_options(load_config(None, [*overrides, "eval.metrics=chrf", "eval.tokenize=char"]))
+    assert (chrf_only.metrics, chrf_only.tokenizer) == (("bleu", "chrf"), "char")
+    by_language = eval_options(load_config(None, [*overrides, "eval.metrics=chrf"]))
+    assert by_language.tokenizer == "zh"

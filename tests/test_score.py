@@ -327,3 +327,34 @@ def test_bad_options_are_one_line_errors(files):
                                                          "--baseline", str(files["bad"]), "--test", "t")
     assert "--baseline needs" in one_line_error("-r", str(files["ref"]), "-i", str(files["good"]), "--metrics", "",
                                                 "--tokenized-bleu", "--baseline", str(files["bad"]))
+
+
+UNREAD_BY_THESE_METRICS = "is read by --metrics bleu and ter only (ter: to split Chinese, Japanese and Korean): add " \
+                          "one of them or leave it out"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--metrics", "bleu,chrf", "--source", "REF"), "--source is for --metrics comet (COMET reads the source "
+                                                    "sentences): add comet to --metrics or leave it out"),
+    (("--comet-batch-size", "8"), "--comet-batch-size is for --metrics comet: add comet to --metrics or leave it out"),
+    (("--comet-batch-size", "16"), "--comet-batch-size is for --metrics comet: add comet to --metrics or leave it out"),
+    (("--metrics", "chrf", "--tokenize", "zh"), f"--tokenize {UNREAD_BY_THESE_METRICS}"),
+    (("--metrics", "chrf,chrf++", "-l", "zh"), f"--target-lang {UNREAD_BY_THESE_METRICS}"),
+    (("--metrics", "", "--tokenized-bleu", "-tok", "intl"), f"--tokenize {UNREAD_BY_THESE_METRICS}"),
+])
+def test_options_no_chosen_metric_reads_are_refused(files, args, message):
+    """Each was accepted and ignored (a --source file read and counted, then unused); tokenized
+    BLEU always tokenizes with 13a, so it reads no --tokenize either."""
+    args = [str(files["ref"]) if arg == "REF" else arg for arg in args]
+    assert one_line_error("-r", str(files["ref"]), "-i", str(files["good"]), *args) == f"nmtkit: error: {message}\n"
+
+
+def test_the_json_names_a_tokenizer_only_when_bleu_used_it(files):
+    """chrF never reads one and TER only chooses its CJK split from it (its signature says so):
+    without BLEU the report claims no tokenizer."""
+    args = ("-r", str(files["ref"]), "-i", str(files["good"]))
+    assert list(score_json(*args, "--metrics", "chrf")) == ["hypotheses", "references", "sentences", "scores"]
+    assert "tokenize" not in score_json(*args, "--metrics", "", "--tokenized-bleu")
+    ter = score_json(*args, "--metrics", "ter", "--tokenize", "zh")  # read: TER splits CJK characters
+    assert "tokenize" not in ter and "asian:yes" in ter["scores"]["ter"]["signature"]
+    assert score_json(*args, "--metrics", "chrf,bleu", "-l", "zh")["tokenize"] == "zh"

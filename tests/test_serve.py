@@ -83,6 +83,21 @@ def test_answers_equal_translate_with_scores_alignments_and_nbest(client, model_
     assert client.post("/translate", json={"texts": []}).json() == {"translations": []}
 
 
+def test_alignment_units_need_alignments_as_in_translate(client, model_dir):
+    """Without "alignments": true the units would be accepted and ignored (a 200 without
+    alignments), where translate refuses --alignment-units without --alignments."""
+    lines = sources(3, 5)
+    for settings in ({"alignment_units": "pieces"}, {"alignment_units": "words", "alignments": False}):
+        refused = client.post("/translate", json={"texts": lines, **settings})
+        assert refused.status_code == 400, refused.text
+        assert refused.json() == {"error": 'alignment_units applies to "alignments": true only'}
+    pieces = client.post("/translate", json={"texts": lines, "alignments": True, "alignment_units": "pieces"})
+    assert pieces.status_code == 200, pieces.text
+    answer = pieces.json()
+    assert [f"{text}\t{pairs}" for text, pairs in zip(answer["translations"], answer["alignments"])] == \
+        expected([str(model_dir)], lines, alignments=True, alignment_units="pieces")
+
+
 def test_prefixes_and_constraints_per_text_answer_like_translate(client, model_dir):
     from nmtkit.decoding.guides import Guide
 
@@ -291,6 +306,8 @@ MALFORMED = {
                                  "a list of strings per text"),
     "an empty phrase": (json.dumps({"texts": ["a"], "constraints": [[" "]]}).encode(), 400, "empty phrase"),
     "too many phrases": (json.dumps({"texts": ["a"], "constraints": [["a"] * 33]}).encode(), 413, "at most 32"),
+    "alignment_units without alignments": (json.dumps({"texts": ["a b c"], "alignment_units": "pieces"}).encode(),
+                                           400, 'alignment_units applies to "alignments": true only'),
     "target_lang not a string": (json.dumps({"texts": ["a"], "target_lang": 3}).encode(), 400,
                                  'target_lang must be a string such as "es"'),
     "target_lang not a language": (json.dumps({"texts": ["a"], "target_lang": "e s"}).encode(), 400,

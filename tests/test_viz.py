@@ -156,6 +156,27 @@ def test_attention_json_via_cli(tiny_run):
     assert out["layer"] == 2 and out["head"] == 2
 
 
+def test_attention_json_goes_to_o_and_refuses_size(tiny_run, tmp_path):
+    """With --format json, -o and --size were accepted and ignored (the JSON went to stdout):
+    -o now receives the JSON, replaced whole as an image is, and --size, an image's, is refused."""
+    model = str(tiny_run / "best")
+    out = tmp_path / "maps.json"
+    out.write_text("old\n")
+    done = run_cli("attention", "-m", model, "a b c d", "--format", "json", "-o", str(out))
+    assert done.returncode == 0 and done.stdout == b"", done.stderr.decode()
+    assert done.stderr.decode().replace("\n", "") == f"wrote {out}"  # the console wraps a long path
+    printed = run_cli("attention", "-m", model, "a b c d", "--format", "json")
+    assert out.read_text(encoding="utf-8") == printed.stdout.decode()
+    assert [p.name for p in tmp_path.iterdir()] == ["maps.json"]  # no temporary file left beside it
+    refused = [run_cli("attention", "-m", model, "a b c d", "--format", "json", "--size", "100x100", "-o",
+                       str(tmp_path / "x.gif")),
+               run_cli("attention", "-m", model, "a b c d", "--format", "json", "-o", str(out / "x.json"))]
+    assert [(r.returncode, r.stdout, r.stderr.decode()) for r in refused] == [
+        (2, b"", "nmtkit: error: --size sets the image's pixels: --format json draws no image; leave it out\n"),
+        (2, b"", f"nmtkit: error: -o {out / 'x.json'}: {out} is not a directory\n")]
+    assert [p.name for p in tmp_path.iterdir()] == ["maps.json"]
+
+
 def test_attention_translates_with_the_model_s_saved_decode_settings(tiny_run, tmp_path):
     """The maps are those of the translation `translate` gives: the model's saved length limit
     applies (here 2 pieces), and --target-lang is checked as translate checks it."""

@@ -54,6 +54,12 @@ class ScoreOptions:
     def sacrebleu_metrics(self) -> list[str]:
         return [name for name in self.metrics if name != "comet"]
 
+    @property
+    def reads_tokenizer(self) -> bool:
+        """Whether a metric reads ``tokenize`` and ``target_lang``: BLEU tokenizes with them, TER
+        reads them only to choose its CJK split; chrF, chrF++ and COMET never."""
+        return "bleu" in self.metrics or "ter" in self.metrics
+
 
 def check_options(options: ScoreOptions, tokenized_bleu: bool = False, baseline: Optional[Path] = None,
                   test: str = "bootstrap", resamples: int = 1000, alpha: float = 0.05,
@@ -122,8 +128,10 @@ def build_report(refs: Sequence[Path], hyp: Optional[Path], baseline: Optional[P
     ref_lines = [lines for _, lines in named_refs]
 
     scores, comet = score_all(hyps, ref_lines, options, source_lines, progress=True)
+    # "tokenize" is BLEU's tokenizer, so only with BLEU (TER's CJK split shows in its own signature)
+    tokenizer = {"tokenize": options.tokenizer} if "bleu" in options.metrics else {}
     report: dict[str, Any] = {"hypotheses": hyp_name, "references": [name for name, _ in named_refs],
-                              "sentences": len(hyps), "tokenize": options.tokenizer, "scores": scores}
+                              "sentences": len(hyps), **tokenizer, "scores": scores}
     if tokenized_bleu:
         from nmtkit.scoring.tokenized import tokenized_bleu as paper_bleu
 

@@ -106,6 +106,9 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
     texts = check_texts(payload.get("texts"), limits)
     decode = {name: check_setting(name, value, limits) for name, value in payload.items()
               if name in DECODE_RANGES or name in DECODE_CHOICES}
+    # as translate refuses --alignment-units without --alignments (serve has no --alignments: the default is off)
+    if "alignment_units" in decode and not decode.get("alignments", False):
+        raise RequestError(400, 'alignment_units applies to "alignments": true only')
     if LANGUAGE_FIELD in payload:  # a setting like the others: requests that share it share batches
         decode[LANGUAGE_FIELD] = check_language(payload[LANGUAGE_FIELD])
     return TranslateRequest(texts, decode, check_guides(payload.get("prefixes"), payload.get("constraints"), texts, limits))

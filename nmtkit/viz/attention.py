@@ -18,9 +18,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from nmtkit.data.batching import cut_source
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.limits import check_range
 from nmtkit.viz.figure import check_image_path, new_figure, save_figure
+
+DEFAULT_IMAGE = "attention.png"  # what -o is without one, for an image
 
 
 @dataclass
@@ -69,7 +72,7 @@ def sentence_attention(loaded, sentence: str, beam_size: int = 4, settings=None,
     if not ids:
         raise DataError("the sentence holds nothing the model's vocabulary encodes: nothing to translate")
     if model.max_positions is not None:
-        ids = ids[:model.max_positions]
+        ids = cut_source(ids, model.max_positions)
     device = next(model.parameters()).device
     src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
     src_mask = torch.ones_like(src, dtype=torch.bool)
@@ -148,26 +151,32 @@ def plot_attention(att: SentenceAttention, out: str | Path, layer: Optional[int]
     return save_figure(fig, out)
 
 
-def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional[int], head: Optional[int],
+def attention_command(model_dir: Path, sentence: str, out: Optional[str], layer: Optional[int], head: Optional[int],
                       grid: bool, fmt: str, beam_size: Optional[int], size: Optional[tuple[int, int]], device: str,
                       console, target_lang: str = "") -> None:
     """``nmtkit attention``: translate one sentence as ``translate`` would (the model's saved
-    decode settings, ``beam_size`` where given), then draw its attention or print it as JSON."""
+    decode settings, ``beam_size`` where given), then draw its attention at ``out`` (None:
+    DEFAULT_IMAGE) or write it as JSON there (None: stdout)."""
     import json
 
     from nmtkit.decoding.translate import target_tag_for
     from nmtkit.modeldir import CONFIG, load_model_dir, saved_decode
     from nmtkit.models.prepack import prepack_linears
     from nmtkit.runtime.device import resolve_device
+    from nmtkit.storage.outputs import check_output_file, open_output
 
     if fmt not in ("png", "json"):
-        raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (stdout)")
+        raise ConfigError(f"--format {fmt!r}: expected png (an image at -o) or json (at -o, else stdout)")
     if head is not None and grid:
         raise ConfigError("--grid shows every head: leave out --head")
+    if fmt == "json" and size is not None:
+        raise ConfigError("--size sets the image's pixels: --format json draws no image; leave it out")
     if beam_size is not None:
         check_range("decode.beam_size", beam_size, "--beam-size")
-    if fmt == "png":
-        check_image_path(out)  # before translating
+    if fmt == "json":  # -o checked before translating
+        target = check_output_file(out)  # None: stdout
+    else:
+        check_image_path(out or DEFAULT_IMAGE)
     loaded = load_model_dir(model_dir, device=resolve_device(device))
     prepack_linears(loaded.model.eval(), torch.float32)  # on a CPU, translate's packed products (models/prepack.py)
     settings = saved_decode(loaded.meta, Path(model_dir) / CONFIG)  # what translate uses for this model
@@ -175,7 +184,13 @@ def attention_command(model_dir: Path, sentence: str, out: Path, layer: Optional
     att = sentence_attention(loaded, sentence, beam_size or settings.beam_size, settings, tag)
     att.check(layer, head)
     if fmt == "json":
-        print(json.dumps(attention_json(att, layer, head, grid), ensure_ascii=False))
+        text = json.dumps(attention_json(att, layer, head, grid), ensure_ascii=False)
+        if target is None:
+            print(text)
+            return
+        with open_output(target) as handle:  # atomically, as the image is written
+            handle.write((text + "\n").encode("utf-8"))
+        console.info(f"wrote {out}")
         return
     console.info(f"translation: {att.translation}")
-    console.info(f"wrote {plot_attention(att, out, layer, head, grid, size)}")
+    console.info(f"wrote {plot_attention(att, out or DEFAULT_IMAGE, layer, head, grid, size)}")
