@@ -221,6 +221,27 @@ def test_dry_run_and_unknown_key_via_cli(prepared_task, tmp_path):
     assert bad.returncode == 2 and "train.lr must be in (0, 100], got" in bad.stderr.decode()
 
 
+def test_settings_left_unread_are_warned_of_and_restart_with_dry_run_is_refused(prepared_task, tmp_path):
+    """A key that another setting leaves unread changes nothing: train says so, once per key,
+    and still runs (a sweep switching train.schedule keeps its recipe's warm-up); keys at their
+    defaults are not named."""
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(prepared_task)))
+    out = run_cli("train", str(recipe), "--dry-run", "train.schedule=constant", "train.dev_bleu_beam=4",
+                  "model.moe_top_k=1")
+    err = out.stderr.decode()
+    assert out.returncode == 0, err
+    assert "train.warmup (50) is not read: train.schedule is constant (no warm-up)" in err
+    assert "train.dev_bleu_beam (4) is not read: train.best_metric is not bleu (no dev BLEU)" in err
+    assert "model.moe_top_k (1) is not read: model.moe_experts is 0 (no MoE layers)" in err
+    assert "is not read" not in run_cli("train", str(recipe), "--dry-run").stderr.decode()
+    both = run_cli("train", str(recipe), "--dry-run", "--restart")
+    assert (both.returncode, both.stderr.decode()) == (
+        2, "nmtkit: error: --restart moves the previous run aside and --dry-run changes nothing: give one of them\n")
+
+
 def test_dev_loss_falls(prepared_task, tmp_path):
     import shutil
 

@@ -76,6 +76,35 @@ def _check_arch_keys(model: ModelConfig) -> None:
                           f"model.arch={model.arch}; remove it (or set model.arch: {arch})")
 
 
+# (key, when another setting leaves it unread, why): a value away from its default there changes nothing.
+# Warned of, not refused: a sweep or an override that switches the other setting (train.schedule=constant
+# over a recipe's warmup) would otherwise have to reset the key to its default by hand
+_INERT_KEYS = (
+    ("train.warmup", lambda c: c.train.schedule == "constant", "train.schedule is constant (no warm-up)"),
+    ("train.dev_bleu_beam", lambda c: c.train.best_metric != "bleu", "train.best_metric is not bleu (no dev BLEU)"),
+    ("train.dev_bleu_max_sentences", lambda c: c.train.best_metric != "bleu",
+     "train.best_metric is not bleu (no dev BLEU)"),
+    ("train.subword_nbest", lambda c: c.train.subword_alpha == 0, "train.subword_alpha is 0 (no subword sampling)"),
+    *((f"model.{key}", lambda c: c.model.moe_experts == 0, "model.moe_experts is 0 (no MoE layers)")
+      for key in ("moe_top_k", "moe_every", "moe_aux_weight", "moe_z_weight", "moe_capacity_factor")),
+    ("model.sinusoid_layout", lambda c: c.model.positions != "sinusoidal",
+     "model.positions is not sinusoidal (no sinusoid table)"),
+    ("model.merge", lambda c: not c.model.bidirectional, "model.bidirectional is false (one direction to merge)"),
+)
+
+
+def unread_settings(cfg: Config) -> list[str]:
+    """One line per key that another setting leaves unread, set away from its default (``train``
+    prints them as warnings)."""
+    found = []
+    for key, unread, because in _INERT_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value != getattr(type(getattr(cfg, section))(), name) and unread(cfg):
+            found.append(f"{key} ({value!r}) is not read: {because}")
+    return found
+
+
 def _check_betas(cfg: Config) -> None:
     betas = cfg.train.betas
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
@@ -150,7 +179,8 @@ def _check_reused_vocab(vocab: VocabConfig) -> None:
 
 
 def _check_eval(evaluation: EvalConfig) -> None:
-    """eval.metrics names known metrics; comet needs its model directory (checked when it scores)."""
+    """eval.metrics names known metrics; comet needs its model directory (checked when it scores),
+    and its settings need comet: set without it, they would be read by nothing."""
     names = evaluation.metric_names()
     unknown = [name for name in names if name not in SCORE_METRICS]
     if unknown:
@@ -160,6 +190,9 @@ def _check_eval(evaluation: EvalConfig) -> None:
                           "directory (docs/languages.md says how to fetch one)")
     if evaluation.comet_model and "comet" not in names:
         raise ConfigError("eval.comet_model is set but eval.metrics does not name comet: add it, or remove the model")
+    if evaluation.comet_batch_size != EvalConfig.comet_batch_size and "comet" not in names:
+        raise ConfigError(f"eval.comet_batch_size is {evaluation.comet_batch_size} but eval.metrics does not name "
+                          "comet: add it, or remove the key")
 
 
 def estimated_parameters(cfg: Config) -> int:

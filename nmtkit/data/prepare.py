@@ -100,7 +100,8 @@ def prepare(cfg: Config, console) -> dict:
     return {**manifest, "steps": status, "prepared_dir": str(out)}
 
 
-OURS = frozenset({"stamps", "manifest.json", MANIFEST, UNFINISHED})  # what only prepare writes in prepared/
+# what only prepare writes in prepared/ (an older nmtkit's: at least the id files)
+OURS = frozenset({"stamps", "manifest.json", MANIFEST, UNFINISHED, "train.npz", "dev.npz", "test.npz"})
 
 
 def check_prepared_dir(data: DataConfig, out: Path) -> None:

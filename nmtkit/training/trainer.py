@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from nmtkit.config import Config, save_config
+from nmtkit.config.rules import unread_settings
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.mixing import corpus_weights, epoch_pairs
 from nmtkit.decoding.options import TranslateOptions
@@ -66,7 +67,11 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
         from nmtkit.scoring.metrics import check_tokenizer
 
         check_tokenizer(cfg.eval.tokenizer(cfg.data.reference_language("dev")))
+    for unread in unread_settings(cfg):
+        console.warn(unread)
     if dry_run:
+        if restart:
+            raise ConfigError("--restart moves the previous run aside and --dry-run changes nothing: give one of them")
         print_dry_run(cfg, console, device, dtype)
         return None
     with prepared_lock(cfg):  # a `prepare` must not rewrite the data or vocabularies under the run
