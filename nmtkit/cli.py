@@ -199,7 +199,7 @@ def serve(
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
                     max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout)
     # one search call at a time: --max-search-bytes bounds each call's memory
-    options = resolve_options(model, vars(decode_flags), workers=1, **opts.settings(run_flags))
+    options = resolve_options(model, vars(decode_flags), largest_beam=max_beam, workers=1, **opts.settings(run_flags))
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),
                verbose=_state["verbosity"] > 0, api_key=api_key)
 

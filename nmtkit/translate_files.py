@@ -67,16 +67,18 @@ CT2_EOS_AT_LIMIT = ("--eos-at-limit scored needs the torch engine for beam searc
                     "ends an output at the length limit without an EOS, choosing as --eos-at-limit free does")
 
 
-def resolve_options(model_dirs: Sequence[str | Path], flags: dict[str, Any], **settings) -> TranslateOptions:
+def resolve_options(model_dirs: Sequence[str | Path], flags: dict[str, Any], largest_beam: int = 0,
+                    **settings) -> TranslateOptions:
     """The options of ``translate`` or ``serve`` on ``model_dirs``: each decode setting from
     ``flags`` where it is given (not None), else the first model's saved decode section (an
     export's nmtkit.json), else ``DecodeConfig``'s default; ``settings``: the command's own
     (device, engine, ...). One precedence rule for both, so serve answers as translate does.
     CTranslate2's beam search chooses among outputs at the length limit as ``eos_at_limit`` free
-    does, so asking it for scored (a flag, not the model's own setting) is refused."""
+    does, so asking it for scored (a flag, not the model's own setting) is refused wherever a beam
+    above 1 may run: the options' own, or ``largest_beam`` (serve: the most a request may ask for)."""
     saved = saved_decode_settings(model_dirs[0]) if model_dirs else DecodeConfig()
     decode = dataclasses.replace(saved, **{name: value for name, value in flags.items() if value is not None})
-    if flags.get("eos_at_limit") == "scored" and decode.beam_size > 1 and not settings.get("sample") and \
+    if flags.get("eos_at_limit") == "scored" and max(decode.beam_size, largest_beam) > 1 and not settings.get("sample") and \
             model_dirs and resolve_engine(model_dirs, settings.get("engine", "auto")) == "ctranslate2":
         raise ConfigError(CT2_EOS_AT_LIMIT)
     return TranslateOptions.from_decode(decode, **settings)

@@ -279,6 +279,9 @@ def test_each_directions_test_set_is_scored_in_its_own_language(tmp_path):
                                    train={"max_steps": 2, "save_every": 2, "validate_every": 2, "threads": 1}),
                      "data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": corpora}})
     assert [cfg.data.reference_language(s) for s in ("dev", "test", "test.thai")] == ["tgt", "tgt", "th"]
+    back = {"name": "back", "source": "files", "files": {"train": into_thai["train"]}, "tgt_lang": "ja"}
+    with_back = from_dict({"data": {"src_lang": "src", "tgt_lang": "tgt", "corpora": [*corpora, back]}})
+    assert with_back.data.reference_languages() == ["tgt", "th"]  # a training-only corpus is never scored
     results = run_recipe(cfg, quiet_console())
     signatures = {split: r["bleu"]["signature"] for split, r in results["splits"].items()}
     assert set(signatures) == {"dev", "test", "test.thai"}

@@ -13,6 +13,7 @@ import pytest
 from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
+from nmtkit.errors import ConfigError
 from support.cli import run_cli
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -150,24 +151,25 @@ def test_ctranslate2_alignments_do_not_depend_on_the_lines_around_them(reversal_
 
 def test_ctranslate2_beam_search_chooses_at_the_length_limit_as_free_and_refuses_scored(reversal_spm, tmp_path):
     """CTranslate2 stops at the length limit without an EOS: its beam search chooses what our
-    eos_at_limit free chooses, so asking it for scored is refused; greedy chooses the same under
-    either rule, so there scored is taken (its scores: tests/test_forced_eos.py)."""
+    eos_at_limit free chooses, so asking it for scored is refused (in serve too, where a request
+    may ask for a beam); greedy chooses the same under either rule, so there scored is taken (its
+    scores: tests/test_forced_eos.py)."""
+    from nmtkit.modeldir import load_model_dir
+    from nmtkit.translate_files import CT2_EOS_AT_LIMIT, resolve_options
+
     model_dir = train_tiny(reversal_spm, tmp_path / "model", steps=60)
-    assert run_cli("export", str(model_dir), "--format", "ctranslate2", "-o", str(tmp_path / "ct2")).returncode == 0
-    source = tmp_path / "in.txt"
-    source.write_text("".join(line + "\n" for line in source_lines() if line.strip()), encoding="utf-8")
-    limit = ["--beam-size", "4", "--max-len-a", "0", "--max-len-b", "3", "--device", "cpu"]
-    outputs = {}
-    for name, model, extra in (("ct2", tmp_path / "ct2", []), ("free", model_dir, ["--eos-at-limit", "free"]),
-                               ("scored", model_dir, ["--eos-at-limit", "scored"])):
-        done = run_cli("translate", "-m", str(model), "-i", str(source), *limit, *extra)
-        assert done.returncode == 0, done.stderr.decode()
-        outputs[name] = done.stdout.decode().splitlines()
-    assert outputs["ct2"] == outputs["free"] != outputs["scored"]  # outputs reach the limit, where the rules differ
-    refused = run_cli("translate", "-m", str(tmp_path / "ct2"), "-i", str(source), *limit, "--eos-at-limit", "scored")
-    assert (refused.returncode, refused.stderr.decode()) == (
-        2, "nmtkit: error: --eos-at-limit scored needs the torch engine for beam search: CTranslate2's beam search "
-           "ends an output at the length limit without an EOS, choosing as --eos-at-limit free does\n")
-    greedy = run_cli("translate", "-m", str(tmp_path / "ct2"), "-i", str(source), *limit, "--eos-at-limit", "scored",
-                     "--beam-size", "1")
-    assert greedy.returncode == 0, greedy.stderr.decode()
+    out = export_ctranslate2(model_dir, tmp_path / "ct2")
+    lines = [line for line in source_lines() if line.strip()]
+    limit = dict(beam_size=4, max_len_a=0.0, max_len_b=3, device="cpu", dtype="float32")
+    ours = {rule: translate_lines([load_model_dir(model_dir)], lines, TranslateOptions(**limit, eos_at_limit=rule))
+            for rule in ("free", "scored")}
+    ct2_options = TranslateOptions(**limit, engine="ctranslate2")  # the model's own rule: scored
+    theirs = Translator(CT2Engine(out, ct2_options), ct2_options).translate(lines)
+    assert theirs == ours["free"] != ours["scored"]  # outputs reach the limit, where the rules differ
+    export = [str(out)]
+    with pytest.raises(ConfigError, match=CT2_EOS_AT_LIMIT):
+        resolve_options(export, {"eos_at_limit": "scored", "beam_size": 4})
+    assert resolve_options(export, {"eos_at_limit": "scored", "beam_size": 1}).eos_at_limit == "scored"
+    with pytest.raises(ConfigError, match=CT2_EOS_AT_LIMIT):  # serve --max-beam 4: a request may ask for 4
+        resolve_options(export, {"eos_at_limit": "scored", "beam_size": 1}, largest_beam=4)
+    assert resolve_options(export, {}, largest_beam=4).eos_at_limit == "scored"  # the model's own: not a request

@@ -97,6 +97,27 @@ def test_a_prepared_directory_nmtkit_did_not_make_is_refused(tmp_path):
     assert prepare(recipe).returncode == 0  # an empty prepared/ is taken as prepare's own
 
 
+@pytest.mark.parametrize("left", [[".nmtkit.lock"], [".unfinished", ".train.npz.nmtkit-host-1-x.tmp"], ["train.npz"],
+                                  ["stamps"], []])
+def test_what_a_killed_or_older_prepare_left_is_taken_as_its_own(tmp_path, left):
+    """Only its lock (killed before any step), a step's mark and temp file, an older nmtkit's id
+    files or its stamps: prepare carries on there; one file of the user's beside its lock is not."""
+    from nmtkit.config import DataConfig
+    from nmtkit.data.ownership import check_prepared_dir
+    from nmtkit.errors import ConfigError
+
+    data = DataConfig(source="files", src_lang="en", tgt_lang="es", files=write_files(tmp_path))
+    prepared = tmp_path / "work" / "prepared"
+    prepared.mkdir(parents=True)
+    for name in left:
+        (prepared / name).write_bytes(b"")
+    check_prepared_dir(data, prepared)
+    (prepared / "notes.txt").write_text("mine\n")
+    if not set(left) - {".nmtkit.lock"}:
+        with pytest.raises(ConfigError, match="exists and nmtkit did not write it"):
+            check_prepared_dir(data, prepared)
+
+
 def test_compressed_files_prepare_as_their_text(tmp_path):
     """gzip, bzip2 and xz files, known by their first bytes whatever their names, give the same
     prepared data as the plain files."""
@@ -127,6 +148,23 @@ def test_a_damaged_compressed_file_is_a_one_line_error(tmp_path):
     train.write_bytes(gzip.compress(train.read_bytes())[:-200])  # cut short
     assert_one_line_error(prepare(write_recipe(tmp_path, {"source": "files", "files": files})),
                           str(train), "data.files.train.es", "a damaged gzip file")
+
+
+def test_text_that_starts_like_bzip2_is_plain_and_an_empty_compressed_file_is_empty(tmp_path):
+    """bzip2's "BZh" is plain ASCII: a corpus starting with it is text. A compressed file of
+    nothing is as empty as a plain one, not a silently empty split."""
+    import gzip
+
+    files = write_files(tmp_path)
+    for lang in ("en", "es"):
+        path = Path(files["dev"][lang])
+        path.write_text("BZh9 is not a header\n" + path.read_text())
+    done = prepare(write_recipe(tmp_path, {"source": "files", "files": files}))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "work" / "prepared" / "dev.en").read_text().startswith("BZh9 is not a header\n")
+    Path(files["test"]["es"]).write_bytes(gzip.compress(b""))
+    assert_one_line_error(prepare(write_recipe(tmp_path, {"source": "files", "files": files})),
+                          "file is empty", "data.files.test.es")
 
 
 def test_vocab_too_large_for_the_data(tmp_path):

@@ -44,7 +44,10 @@ def local_dataset(request, tmp_path):
 
 
 def config(path, **kwargs):
-    return DataConfig(source="hf", src_lang="en", tgt_lang="de", hf_name=str(path), hf_config="de-en", **kwargs)
+    """The dataset's own configuration: the parquet layout's de-en subdirectory, none for save_to_disk."""
+    named = "de-en" if (path / "de-en").is_dir() else ""
+    return DataConfig(**{"source": "hf", "src_lang": "en", "tgt_lang": "de", "hf_name": str(path), "hf_config": named,
+                         **kwargs})
 
 
 def test_local_dataset_reads_all_splits(local_dataset):
@@ -100,11 +103,11 @@ def test_no_name_is_a_config_error():
         read_corpus(DataConfig(source="hf"))
 
 
-def test_provenance_records_the_configuration_actually_read(local_dataset):
-    """save_to_disk here has no de-en subdirectory, so the directory is read as it is and no
-    configuration is recorded; the parquet layout reads its de-en subdirectory."""
-    corpus = read_corpus(config(local_dataset))
-    assert corpus.provenance["hf_config"] == ("" if local_dataset.name == "save_to_disk" else "de-en")
+def test_a_configuration_the_local_directory_lacks_is_refused(local_dataset):
+    """A local dataset's configurations are its subdirectories: one it does not have would be read
+    as the whole directory and recorded as if chosen."""
+    with pytest.raises(ConfigError, match="data.hf_config 'fr-de': the local directory .* has no subdirectory"):
+        read_corpus(config(local_dataset, hf_config="fr-de"))
 
 
 def test_a_revision_for_a_local_directory_is_refused(local_dataset):

@@ -45,6 +45,12 @@ class SourceConfig:
     dev_size: int = 500  # verses held out for dev and test (the other sources bring their own splits)
     test_size: int = 1000
 
+    def training_only(self, first: bool) -> bool:
+        """A files corpus after the first that names no dev or test files gives training pairs
+        only (a back-translated or distilled corpus has none of its own)."""
+        return (not first and self.source == "files" and isinstance(self.files, dict)
+                and not {"dev", "test"} & set(self.files))
+
 
 @dataclass
 class CorpusConfig(SourceConfig):
@@ -85,8 +91,10 @@ class DataConfig(SourceConfig):
         return (named or sources)[0].tgt_lang
 
     def reference_languages(self) -> list[str]:
-        """Every corpus's target language, each once (what any test set may be scored in)."""
-        return list(dict.fromkeys(c.tgt_lang for c in self.training_sources()))
+        """The target languages of the corpora with dev and test sets, each once (what any test
+        set may be scored in)."""
+        sources = self.training_sources()
+        return list(dict.fromkeys(c.tgt_lang for i, c in enumerate(sources) if not c.training_only(i == 0)))
 
     @property
     def tags(self) -> list[str]:

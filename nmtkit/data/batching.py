@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from nmtkit.data.ids import ParallelIds
-from nmtkit.specials import BOS, EOS, PAD
+from nmtkit.specials import BOS, EOS, PAD, cut_source
 
 
 @dataclass
@@ -53,17 +53,6 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, se
     if shuffle:
         rng.shuffle(batches)
     return batches
-
-
-def cut_source(ids, limit: int):
-    """The first ``limit`` ids of a source (a list or an array); one that ends in EOS (an imported
-    MarianMT model's sources do) keeps it last, as MarianTokenizer's truncation does."""
-    if len(ids) <= limit:
-        return ids
-    if ids[-1] != EOS:
-        return ids[:limit]
-    head = ids[:limit - 1]
-    return np.concatenate([head, ids[-1:]]) if isinstance(ids, np.ndarray) else [*head, ids[-1]]
 
 
 def collate(data: ParallelIds, indices: np.ndarray, max_len: int | None = None) -> Batch:

@@ -22,24 +22,17 @@ from nmtkit.data.vocab import with_tag
 from nmtkit.errors import ConfigError, DataError
 
 
-def training_only(source, first: bool) -> bool:
-    """A files corpus after the first that names no dev or test files gives training pairs only
-    (a back-translated or distilled corpus has none of its own)."""
-    return (not first and source.source == "files" and isinstance(source.files, dict)
-            and not {"dev", "test"} & set(source.files))
-
-
 def read_source(source, first: bool, index: Optional[int] = None, split_seed: int = 0) -> Corpus:
     """``source`` read, its dev and test re-drawn when ``split_seed`` > 0; ``index``: its place in
     data.corpora, named by its errors."""
     with _named(index):
-        return files.read(source, ("train",)) if training_only(source, first) else read_corpus(source, split_seed)
+        return files.read(source, ("train",)) if source.training_only(first) else read_corpus(source, split_seed)
 
 
 def source_fingerprint(source, first: bool, index: Optional[int] = None) -> dict:
     """What reading ``source`` depends on (see ``nmtkit.data.sources``)."""
     with _named(index):
-        return files.fingerprint(source, ("train",)) if training_only(source, first) else fingerprint(source)
+        return files.fingerprint(source, ("train",)) if source.training_only(first) else fingerprint(source)
 
 
 _DATA_KEY = re.compile(r"(?<![\w./'\"-])data\.(?!corpora\b)")  # a key, not part of a path or a quoted value

@@ -48,12 +48,13 @@ from pathlib import Path
 
 import numpy as np
 
-from nmtkit.config import Config, DataConfig, save_config
+from nmtkit.config import Config, save_config
 from nmtkit.data.clean import RULES, length_filter
 from nmtkit.data.corpora import CorpusStream, source_fingerprint
 from nmtkit.data.encoder import Encoder, Tally, encode_split
 from nmtkit.data.identity import changes, identity, prepared_settings, read_record
 from nmtkit.data.ids import SplitWriter
+from nmtkit.data.ownership import check_prepared_dir
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
 from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
@@ -63,7 +64,7 @@ from nmtkit.data.mapped_vocab import id_map_of, open_vocab
 from nmtkit.data.vocab import reused_models, sampled_lines, spm_files, spm_model_type, train_spm
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.storage.checksums import MANIFEST, write_manifest
-from nmtkit.storage.files import LOCK_NAME, atomic_open, exclusive, refuse_foreign, sha256_file, write_text_if_changed
+from nmtkit.storage.files import atomic_open, exclusive, sha256_file, write_text_if_changed
 from nmtkit.workdir import WorkDir
 
 FORMAT = 1  # bump when a step's outputs change meaning, so old work dirs are redone
@@ -98,35 +99,6 @@ def prepare(cfg: Config, console) -> dict:
             _warn_if_a_run_is_left_behind(cfg, out, console)
     print_summary(console, manifest, status, out)
     return {**manifest, "steps": status, "prepared_dir": str(out)}
-
-
-# what only prepare writes in prepared/ (an older nmtkit's: at least the id files)
-OURS = frozenset({"stamps", "manifest.json", MANIFEST, UNFINISHED, "train.npz", "dev.npz", "test.npz"})
-
-
-def check_prepared_dir(data: DataConfig, out: Path) -> None:
-    """prepare rewrites the files of ``out``: refuse a corpus file inside it, and an ``out`` that
-    holds files of someone else's (not empty, and none of the files only prepare writes there)."""
-    for key, path in _corpus_files(data):
-        if path.resolve().is_relative_to(out.resolve()):
-            raise ConfigError(f"{key} ({path}) is inside {out}, where prepare writes its own files; "
-                              f"keep the corpus outside it")
-    if out.is_dir():
-        names = {entry.name for entry in out.iterdir()} - {LOCK_NAME}
-        if names and not names & OURS:
-            refuse_foreign(out, "the prepared data")
-
-
-def _corpus_files(data: DataConfig):
-    """(recipe key, path) of every local file the recipe's ``files`` sources name."""
-    for index, corpus in enumerate(data.training_sources()):
-        prefix = f"data.corpora[{index}].files" if data.corpora else "data.files"
-        if corpus.source != "files" or not isinstance(corpus.files, dict):
-            continue
-        for split, entry in corpus.files.items():
-            for lang, path in (entry.items() if isinstance(entry, dict) else ()):
-                if isinstance(path, (str, Path)) and str(path):
-                    yield f"{prefix}.{split}.{lang}", Path(str(path)).expanduser()
 
 
 def _run_steps(cfg: Config, out: Path, console, status: dict) -> tuple[dict, dict, dict]:

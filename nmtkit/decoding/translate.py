@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from nmtkit.data.batching import cut_source
 from nmtkit.data.vocab import with_tag
 from nmtkit.decoding.alignment import pharaoh, piece_pairs, word_indices, word_pairs
 from nmtkit.decoding.batching import token_batches
@@ -22,6 +21,7 @@ from nmtkit.decoding.hypothesis import Hypothesis
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.parallel import run_side_by_side
 from nmtkit.errors import ConfigError
+from nmtkit.specials import cut_source
 
 # characters that would split an output line for some reader (tab separates fields)
 _LINE_BREAKS = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})

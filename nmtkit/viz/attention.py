@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from nmtkit.data.batching import cut_source
 from nmtkit.errors import ConfigError, DataError, NmtkitError
+from nmtkit.specials import cut_source
 from nmtkit.limits import check_range
 from nmtkit.viz.figure import check_image_path, new_figure, save_figure
 

@@ -13,6 +13,7 @@ import bz2
 import gzip
 import itertools
 import lzma
+import re
 import zlib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -55,16 +56,19 @@ def paths(data: SourceConfig, splits: tuple[str, ...] = SPLITS) -> dict[str, tup
     return out
 
 
-# the first bytes of each compressed format -> (its name, how to open it)
-COMPRESSED = {b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open), b"\xfd7zXZ\x00": ("xz", lzma.open)}
+# the first bytes of each compressed format -> (its name, how to open it); bzip2's "BZh" is plain ASCII,
+# so its block size digit and its first block's (or the empty stream's) magic must follow
+COMPRESSED = {re.compile(rb"\x1f\x8b\x08"): ("gzip", gzip.open),
+              re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"): ("bzip2", bz2.open),
+              re.compile(rb"\xfd7zXZ\x00"): ("xz", lzma.open)}
 _DAMAGED = (EOFError, OSError, zlib.error, lzma.LZMAError)  # what a truncated or corrupt stream raises
 
 
 def compression(path: Path) -> tuple[str, Callable]:
     """(format name, opener) of ``path``: gzip, bzip2 or xz by its first bytes, else plain."""
     with open(path, "rb") as handle:
-        head = handle.read(6)
-    return next((found for magic, found in COMPRESSED.items() if head.startswith(magic)), ("plain", open))
+        head = handle.read(10)
+    return next((found for magic, found in COMPRESSED.items() if magic.match(head)), ("plain", open))
 
 
 def _read(path: Path, key: str, read: Callable) -> Iterator:
@@ -92,11 +96,13 @@ def _raw_lines(path: Path, key: str) -> Iterator[bytes]:
 
 def _check_line_ends(path: Path, key: str) -> None:
     """Lines end in \\n (or \\r\\n); a file of old-Mac \\r line ends would read as one huge line."""
-    carriage_return = False
+    carriage_return, empty = False, True
     for block in _blocks(path, key):  # usually one block: up to the first \n
         if b"\n" in block:
             return
-        carriage_return = carriage_return or b"\r" in block
+        carriage_return, empty = carriage_return or b"\r" in block, False
+    if empty:  # a compressed file of nothing (a plain one is found by its size)
+        raise DataError(f"file is empty: {shown_path(path, key)}")
     if carriage_return:
         raise DataError(f"{shown_path(path, key)} ends its lines with a carriage return alone (old Mac "
                         f"text), so it would read as one line; convert it, e.g. tr '\\r' '\\n' < FILE > NEW")

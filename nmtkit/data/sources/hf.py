@@ -53,22 +53,13 @@ def read(data: SourceConfig) -> Corpus:
         _check_languages(split, data, ours)
     dev, test = (list(_pairs(splits[name], data)) for name in ("dev", "test"))
     provenance = {
-        "hf_name": data.hf_name, "hf_config": used_config(data), "hf_revision": data.hf_revision,
+        "hf_name": data.hf_name, "hf_config": data.hf_config, "hf_revision": data.hf_revision,
         "splits": {ours: data.hf_splits.get(ours) for ours in splits},
         "rows": {ours: len(split) for ours, split in splits.items()},
         "fingerprints": {ours: getattr(split, "_fingerprint", None) for ours, split in splits.items()},
     }
     return Corpus(train=_pairs(splits["train"], data), dev=dev, test=test, provenance=provenance,
                   train_size=len(splits["train"]))
-
-
-def used_config(data: SourceConfig) -> str:
-    """The configuration read: the Hub's ``hf_config``, or in a local directory the subdirectory of
-    that name when there is one ("" when the directory is read as it is)."""
-    path = local_dir(data)
-    if path is None or not data.hf_config:
-        return data.hf_config
-    return data.hf_config if (path / data.hf_config).is_dir() else ""
 
 
 def _load(data: SourceConfig):
@@ -79,11 +70,15 @@ def _load(data: SourceConfig):
     if path is not None and data.hf_revision:
         raise ConfigError(f"data.hf_revision pins a Hub dataset's version; {path} is a local directory, which has "
                           f"none: remove data.hf_revision")
+    if path is not None and data.hf_config and not (path / data.hf_config).is_dir():
+        raise ConfigError(f"data.hf_config {data.hf_config!r}: the local directory {path} has no subdirectory of that "
+                          f"name (a local dataset's configurations are its subdirectories); remove data.hf_config "
+                          f"to read {path} itself")
     try:
         with _quiet_hub():
             if path is None:
                 return datasets.load_dataset(data.hf_name, data.hf_config or None, revision=data.hf_revision or None)
-            if data.hf_config and (path / data.hf_config).is_dir():
+            if data.hf_config:
                 path = path / data.hf_config
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
                 loaded = datasets.load_from_disk(str(path))
