@@ -78,8 +78,9 @@ def resolve_options(model_dirs: Sequence[str | Path], flags: dict[str, Any], lar
     above 1 may run: the options' own, or ``largest_beam`` (serve: the most a request may ask for)."""
     saved = saved_decode_settings(model_dirs[0]) if model_dirs else DecodeConfig()
     decode = dataclasses.replace(saved, **{name: value for name, value in flags.items() if value is not None})
-    if flags.get("eos_at_limit") == "scored" and max(decode.beam_size, largest_beam) > 1 and not settings.get("sample") and \
-            model_dirs and resolve_engine(model_dirs, settings.get("engine", "auto")) == "ctranslate2":
+    beam_search = max(decode.beam_size, largest_beam) > 1 and not settings.get("sample")
+    if flags.get("eos_at_limit") == "scored" and beam_search and model_dirs and \
+            resolve_engine(model_dirs, settings.get("engine", "auto")) == "ctranslate2":
         raise ConfigError(CT2_EOS_AT_LIMIT)
     return TranslateOptions.from_decode(decode, **settings)
 

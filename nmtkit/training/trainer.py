@@ -422,7 +422,8 @@ class Trainer:
                 options = TranslateOptions.from_decode(cfg.decode, beam_size=t.dev_bleu_beam, nbest=1)
                 scores.update(dev_bleu(self.model, self.dev_sources, self.dev_refs, self.src_vocab, self.tgt_vocab,
                                        self.device, self.dtype, options, t.dev_bleu_max_sentences,
-                                       tokenize=cfg.eval.tokenizer(cfg.data.reference_language("dev")), lowercase=cfg.eval.lowercase))
+                                       tokenize=cfg.eval.tokenizer(cfg.data.reference_language("dev")),
+                                       lowercase=cfg.eval.lowercase))
         metric = scores.get("dev_bleu") if t.best_metric == "bleu" and "dev_bleu" in scores else -scores["dev_loss"]
         improved = self.state.best_score is None or metric > self.state.best_score
         if improved:

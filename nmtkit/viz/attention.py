@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
-from nmtkit.specials import cut_source
 from nmtkit.limits import check_range
+from nmtkit.specials import cut_source
 from nmtkit.viz.figure import check_image_path, new_figure, save_figure
 
 DEFAULT_IMAGE = "attention.png"  # what -o is without one, for an image
