@@ -186,9 +186,10 @@ def eval_options(cfg: Config):
     options = ScoreOptions(metrics=tuple(evaluation.metric_names()), tokenize=evaluation.tokenize,
                            target_lang=cfg.data.reference_language(), lowercase=evaluation.lowercase,
                            comet_model=evaluation.comet_model, comet_batch_size=evaluation.comet_batch_size)
-    check_options(options, with_sources=True)  # `run` has the source text of every split
-    for language in cfg.data.reference_languages():  # each direction's test set is scored in its own language
-        check_tokenizer(options.in_language(language).tokenizer)
+    check_options(options, with_sources=True)  # `run` has the source text of every split (checks test's tokenizer)
+    others = {options.in_language(language).tokenizer for language in cfg.data.reference_languages()}
+    for tokenizer in sorted(others - {options.tokenizer}):  # each direction's test set is scored in its own language
+        check_tokenizer(tokenizer)
     return options
 
 

@@ -21,7 +21,7 @@ import socket
 import stat
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 from nmtkit.errors import ConfigError, DataError, NmtkitError
 
@@ -322,4 +322,9 @@ def read_lines(path: str | Path, errors: str = "strict") -> list[str]:
     """Read UTF-8 text (a file, a pipe, /dev/stdin) as a list of lines (no newlines); a clear error otherwise."""
     path = check_readable(path)
     with open(path, "rb") as handle:
-        return [decode_line(raw, str(path), i, errors) for i, raw in enumerate(handle, 1)]
+        return decode_lines(handle, str(path), errors)
+
+
+def decode_lines(raws: Iterable[bytes], name: str, errors: str = "strict") -> list[str]:
+    """``decode_line`` over lines of bytes (a file, or a decompressing reader's), numbered from 1."""
+    return [decode_line(raw, name, i, errors) for i, raw in enumerate(raws, 1)]

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 from nmtkit.config import SourceConfig
 from nmtkit.data.sources.corpus import Corpus, Pair
 from nmtkit.errors import ConfigError, DataError
-from nmtkit.storage.files import decode_line, shown_path
+from nmtkit.storage.files import decode_line, decode_lines, shown_path
 
 SPLITS = ("train", "dev", "test")
 
@@ -141,12 +141,8 @@ def count_lines(path: Path, key: str) -> int:
     return lines + (last != b"\n")
 
 
-def _read_lines(path: Path, key: str) -> list[str]:
-    return [decode_line(raw, str(path), i) for i, raw in enumerate(_raw_lines(path, key), 1)]
-
-
 def _read_pairs(src: Path, tgt: Path, keys: tuple[str, str]) -> list[Pair]:
-    src_lines, tgt_lines = _read_lines(src, keys[0]), _read_lines(tgt, keys[1])
+    src_lines, tgt_lines = (decode_lines(_raw_lines(path, key), str(path)) for path, key in zip((src, tgt), keys))
     if len(src_lines) != len(tgt_lines):
         raise DataError(f"{src} has {len(src_lines)} lines but {tgt} has {len(tgt_lines)}")
     return list(zip(src_lines, tgt_lines))
