@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -120,6 +121,29 @@ def _read_stamp(path: Path) -> dict:
     return read_json_dict(path) or {}
 
 
+def refuse_foreign_results(cfg: Config) -> None:
+    """Before any work: WORKDIR/results/ may be a directory of the user's (``workdir: .``), and
+    ``run`` replaces only what it wrote there. The directory is run's once it holds a stamp run
+    writes beside each translation (SPLIT.hyp.stamp) or run's results.json (then a damaged file
+    there is run's too, and made again); before that, a file there of a name run writes (a
+    translation, its stamp, results.json, results.md) is the user's, and refused."""
+    from nmtkit.storage.files import refuse_foreign
+
+    out_dir = WorkDir.of(cfg).results
+    if not os.path.lexists(out_dir):
+        return
+    if not out_dir.is_dir():
+        refuse_foreign(out_dir, "the run's translations and results")
+    splits = ("dev", "test", *(f"test.{c.name}" for c in cfg.data.corpora[1:]))
+    results = read_json_dict(out_dir / "results.json") or {}
+    if isinstance(results.get("splits"), dict) and isinstance(results.get("model_dir"), str) or \
+            any(isinstance(_read_stamp(out_dir / f"{split}.hyp.stamp").get("stamp"), str) for split in splits):
+        return
+    for name in ("results.json", "results.md", *(f"{split}.hyp{end}" for split in splits for end in ("", ".stamp"))):
+        if os.path.lexists(out_dir / name):
+            refuse_foreign(out_dir / name, "the run's translations and results")
+
+
 def corpus_tests(cfg: Config) -> list[str]:
     """The test sets of the corpora after the first (each direction of a multilingual model, each
     domain): test.NAME, which `prepare` writes for every corpus with a test split of its own."""
@@ -137,6 +161,7 @@ def run_recipe(cfg: Config, console) -> dict:
 
     started = time.perf_counter()
     score_options = eval_options(cfg)  # a tokenizer or COMET that cannot run here: found before any work
+    refuse_foreign_results(cfg)
     console.rule("[bold]1/4 prepare")
     prepare(cfg, console)
     console.rule("[bold]2/4 train")

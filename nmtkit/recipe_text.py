@@ -31,6 +31,10 @@ def safe_yaml(text: str) -> Any:
             # drop every setting of the first
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` lets keys of the mapping it
+                    # names in silently (a key given beside it wins), past the duplicate check below
+                    raise ConfigError(f"YAML merge keys (<<) are not allowed in recipes (line "
+                                      f"{key_node.start_mark.line + 1}); write the keys out")
                 key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
                 if key is not None and key in seen:
                     raise ConfigError(f"the key {key!r} appears twice in one mapping (again on line "
@@ -58,6 +62,24 @@ def safe_yaml(text: str) -> Any:
         raise ConfigError("YAML nested too deeply for a recipe") from None
     finally:
         loader.dispose()
+
+
+def has_comment(text: str) -> bool:
+    """Whether YAML would drop a ``# comment`` from ``text`` (a ``#`` between its tokens, not one
+    inside a value): on a command line ``key=runs/exp #2`` means the whole text, not ``runs/exp``."""
+    import yaml
+
+    if "#" not in text:
+        return False
+    end = 0
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if "#" in text[end:token.start_mark.index]:
+                return True
+            end = max(end, token.end_mark.index)
+    except yaml.YAMLError:
+        return False  # not YAML at all: the caller takes it as text
+    return "#" in text[end:]
 
 
 _MAX_DEPTH, _MAX_VALUES = 16, 100_000  # a recipe is a few sections of a few dozen keys

@@ -143,6 +143,92 @@ def test_overrides_reach_an_empty_section_and_take_paths_starting_with_a_star(tm
     assert cfg.data.files == {"train": {"en": "*x.txt"}} and cfg.vocab.from_ == "&y"
 
 
+def test_a_merge_key_is_refused_in_recipes_and_sweep_files(tmp_path):
+    """``<<:`` merges a mapping in under the keys given beside it, which win: it would get a
+    second value of a key past the duplicate-key refusal, silently dropped."""
+    from nmtkit.sweep.spec import load_sweep
+
+    recipe = tmp_path / "merge.yaml"
+    recipe.write_text("data: {source: files}\ntrain:\n  lr: 0.001\n  <<: {lr: 0.5}\n")
+    with pytest.raises(ConfigError, match=r"^YAML merge keys \(<<\) are not allowed in recipes \(line 4\)"):
+        load_config(recipe)
+    recipe.write_text("data: {source: files}\ntrain: {'<<': 1}\n")  # quoted: a key like any other
+    with pytest.raises(ConfigError, match="unknown config key train.<<"):
+        load_config(recipe)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("recipe: merge.yaml\nvariants: [{name: a, <<: {name: b}}]\n")
+    with pytest.raises(ConfigError, match="merge keys"):
+        load_sweep(sweep)
+
+
+# --- overrides ---------------------------------------------------------------------------------
+
+SMALL = {"data": {"source": "files"}, "model": {"d_model": 16, "ffn_dim": 32, "heads": 2},
+         "train": {"max_steps": 12, "lr": 0.003}}
+
+
+def test_a_mapping_override_sets_its_keys_and_keeps_the_rest_of_the_section(tmp_path):
+    """``model={pre_norm: true}`` replaced the whole model section by the defaults (44M
+    parameters instead of the recipe's few thousand); it means model.pre_norm=true."""
+    import yaml
+
+    recipe = tmp_path / "small.yaml"
+    recipe.write_text(yaml.safe_dump(SMALL))
+    dotted = load_config(recipe, ["model.pre_norm=true", "train.seed=5"])
+    for overrides in (["model={pre_norm: true}", "train={seed: 5}"], ["model=pre_norm: true", "train={seed: 5}"]):
+        cfg = load_config(recipe, overrides)
+        assert cfg == dotted
+    assert (dotted.model.d_model, dotted.model.pre_norm, dotted.train.max_steps, dotted.train.seed) == (16, True, 12, 5)
+    nested = load_config(recipe, ["data={files: {train: {en: a.en}}}", "data.files.train.es=a.es"])
+    assert nested.data.source == "files" and nested.data.files == {"train": {"en": "a.en", "es": "a.es"}}
+    assert load_config(recipe, ["model={}"]) == load_config(recipe)
+    with pytest.raises(ConfigError, match="unknown config key model.pre_nrom"):
+        load_config(recipe, ["model={pre_nrom: true}"])
+
+
+@pytest.mark.parametrize("override", ["train=", "model= ", "train=null", "train=~", "data.clean=", "eval="])
+def test_a_section_override_with_no_value_is_refused(override):
+    """``train=`` (an unset shell variable) would reset the section to the defaults."""
+    key = override.split("=")[0].strip()
+    with pytest.raises(ConfigError, match=rf"^override {re.escape(key)}= has no value: {re.escape(key)} is a section"):
+        load_config(None, ["data.source=files", override])
+
+
+@pytest.mark.parametrize("override, read, expected", [
+    ("workdir=runs/exp #2", lambda cfg: cfg.workdir, "runs/exp #2"),
+    ("data.files.train.en=data/ #1.src", lambda cfg: cfg.data.files["train"]["en"], "data/ #1.src"),
+    ("name= # x", lambda cfg: cfg.name, "# x"),
+    ("name=#x", lambda cfg: cfg.name, "#x"),
+    ("name=a#b", lambda cfg: cfg.name, "a#b"),
+    ("data.src_lang='a #b'", lambda cfg: cfg.data.src_lang, "a #b"),  # quoted: YAML's text, as before
+])
+def test_a_hash_in_an_override_is_text_not_a_comment(override, read, expected):
+    """YAML would cut ``runs/exp #2`` to ``runs/exp`` and ``data/ #1.src`` to ``data/``: the run
+    would write to, or read, another path than the one typed."""
+    assert read(load_config(None, ["data.source=files", override])) == expected
+    with pytest.raises(ConfigError, match=r"^train.max_steps: expected an integer, got '12 # twelve'$"):
+        load_config(None, ["data.source=files", "train.max_steps=12 # twelve"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("name=", "override name= has no value"), ("name=null", "override name= has no value"),
+    ("workdir=", "override workdir= has no value"), ("workdir= ", "override workdir= has no value"),
+])
+def test_an_empty_name_or_workdir_override_is_refused(override, message):
+    """``name=`` put the work directory at data/ itself; ``workdir=`` dropped the recipe's."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        load_config(None, ["data.source=files", override])
+
+
+@pytest.mark.parametrize("text", ["name:\n", "name: ''\n", "name: '  '\n"])
+def test_a_recipe_with_an_empty_name_is_refused(tmp_path, text):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {source: files}\n" + text)
+    with pytest.raises(ConfigError, match=r"^name is empty: name the experiment"):
+        load_config(recipe)
+    assert load_config(recipe, ["name=x"]).work_path == Path("data/x")
+
+
 def test_a_sweep_file_with_aliases_is_refused_too(tmp_path):
     from nmtkit.sweep.spec import load_sweep
 

@@ -169,6 +169,44 @@ def test_a_damaged_cached_translation_is_made_again(finished, tmp_path, monkeypa
     assert {m: again[m] for m in ("bleu", "chrf", "ter")} == {m: scores[m] for m in ("bleu", "chrf", "ter")}
 
 
+@pytest.mark.parametrize("name", ["results.md", "results.json", "test.hyp", "dev.hyp.stamp", "."])
+def test_run_refuses_result_files_it_did_not_write(tmp_path, monkeypatch, capsys, name):
+    """A work directory may be the user's own (``workdir: .``): a results.md, results.json or
+    translation of theirs in results/ was silently replaced. Refused in one line before any work."""
+    from nmtkit.storage.files import atomic_write_text
+
+    recipe = tiny_recipe(tmp_path / "work", model=MODEL, data={"files": reversal_files(tmp_path)})
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    mine = (tmp_path / "work" / "results" / name) if name != "." else tmp_path / "work" / "results"
+    mine.parent.mkdir(parents=True)
+    atomic_write_text(mine, "my notes\n")
+    code, err = cli(monkeypatch, capsys, "run", str(tmp_path / "recipe.yaml"))
+    assert_one_line(code, err, (2,), tmp_path / "ran")
+    assert f"{mine} exists and nmtkit did not write it" in err, err
+    assert mine.read_text() == "my notes\n" and not (tmp_path / "work" / "prepared").exists()
+
+
+def test_a_results_directory_of_runs_own_is_recognised(finished, tmp_path):
+    """run's results/ (a stamp or results.json of run's there) is run's, a file damaged there
+    included (it is made again); a user's file of those names anywhere else is refused."""
+    from nmtkit.config import load_config
+    from nmtkit.errors import ConfigError
+    from nmtkit.pipeline import refuse_foreign_results
+
+    work, recipe = copy_work(finished, tmp_path)
+    cfg, results = load_config(recipe), work / "results"
+    refuse_foreign_results(cfg)  # as run left it
+    (results / "results.md").write_text("my notes\n")
+    (results / "test.hyp").write_text("edited\n")
+    refuse_foreign_results(cfg)  # the directory is run's: a damaged file is made again
+    (results / "dev.hyp.stamp").unlink()
+    (results / "test.hyp.stamp").write_text("{}")
+    refuse_foreign_results(cfg)  # run's results.json
+    (results / "results.json").write_text(json.dumps({"splits": {}}))  # not run's: no model_dir
+    with pytest.raises(ConfigError, match=r"results/results.json exists and nmtkit did not write it"):
+        refuse_foreign_results(cfg)
+
+
 def test_another_test_set_of_as_many_lines_is_translated_anew(finished, tmp_path, monkeypatch, capsys):
     """The cache is keyed by the source text, not only its length: a different test set with the
     same number of lines is translated, never scored with the old one's translations."""

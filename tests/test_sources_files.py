@@ -104,3 +104,12 @@ def test_missing_split_or_language_is_a_config_error(data):
     data.files["test"] = {"en": data.files["dev"]["en"]}
     with pytest.raises(ConfigError, match="data.files.test.es"):
         read_corpus(data)
+
+
+def test_a_third_language_under_a_split_is_refused(data, tmp_path):
+    """A key beside the two languages would be silently ignored, like a split nmtkit does not read."""
+    data.files["train"]["fr"] = str(tmp_path / "train.en")
+    with pytest.raises(ConfigError, match=r"data.files.train.fr: not a language of this corpus \(it reads en and es\)"):
+        read_corpus(data)
+    with pytest.raises(ConfigError, match="data.files.train.fr"):
+        files.fingerprint(data)

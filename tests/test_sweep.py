@@ -137,6 +137,104 @@ def test_finished_variants_are_skipped(finished):
     assert sorted(p.name for p in (sweep_dir / "variants" / "fast" / "train" / "checkpoints").iterdir()) == checkpoints
 
 
+def test_a_finished_variant_whose_translation_went_missing_runs_again(finished):
+    """One variant's test.hyp missing or edited after it finished stopped every rerun of the
+    sweep at its p-value ("file not found", exit 2, later variants never run): the variant is
+    pending instead, and the rerun translates it again (without training) while the others are
+    skipped."""
+    from nmtkit.models.build import parameter_counts
+    from nmtkit.sweep.record import variant_status
+    from nmtkit.sweep.results import write_results
+    from nmtkit.sweep.spec import load_sweep
+
+    _, sweep_file, sweep_dir, _ = finished
+    hyp = sweep_dir / "variants" / "baseline" / "results" / "test.hyp"
+    intact, before = hyp.read_bytes(), results_of(sweep_dir)
+    plan = load_sweep(sweep_file)
+    counts = {v.name: parameter_counts(v.config.model, 16, 16) for v in plan.variants}
+    for damage in (lambda: hyp.write_bytes(intact[:-3]), hyp.unlink):
+        damage()
+        assert variant_status(plan, plan.variants[0]) == "pending"
+        rows = write_results(plan, counts)["variants"]
+        assert [row["status"] for row in rows] == ["pending", "done"] and rows[1]["p_value"] is None
+    result = sweep_here(sweep_file)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("finished earlier with these settings, skipped") == 1
+    log = (sweep_dir / "variants" / "baseline" / "run.log").read_text()
+    assert "training already finished" in log and "test: translated 40 sentences" in log
+    assert hyp.read_bytes() == intact
+    assert without_timing(results_of(sweep_dir)) == without_timing(before)
+
+
+def test_a_test_set_gone_missing_costs_the_p_value_not_the_table(finished):
+    from nmtkit.models.build import parameter_counts
+    from nmtkit.sweep.results import write_results
+    from nmtkit.sweep.spec import load_sweep
+
+    _, sweep_file, sweep_dir, _ = finished
+    [prepared] = (sweep_dir / "prepared").iterdir()
+    plan = load_sweep(sweep_file)
+    counts = {v.name: parameter_counts(v.config.model, 16, 16) for v in plan.variants}
+    (prepared / "test.tgt").rename(prepared / "test.tgt.away")
+    try:
+        rows = write_results(plan, counts)["variants"]
+    finally:
+        (prepared / "test.tgt.away").rename(prepared / "test.tgt")
+    assert [row["status"] for row in rows] == ["done", "done"] and rows[1]["p_value"] is None
+    assert rows[1]["p_value_note"].startswith("no p-value: file not found") and "test.tgt" in rows[1]["p_value_note"]
+    assert write_results(plan, counts)["variants"][1]["p_value"] == results_of(sweep_dir)["variants"][1]["p_value"]
+
+
+def test_limits_lowered_below_a_finished_run_and_its_best_checkpoint_settings_are_changes(finished, tmp_path):
+    """A sweep counted a finished run as done after train.max_steps went from 12 to 6 (reporting
+    12 steps as 6) or train.best_metric to bleu (no dev BLEU ever computed): those now train
+    afresh. Raised limits, limits the run has not passed, and best-checkpoint settings of a
+    run that has not finished still resume."""
+    from nmtkit.config import load_config
+    from nmtkit.sweep.runner import _trained_otherwise
+    from nmtkit.training.checkpoint import checkpoint_dirs, read_trainer_state
+
+    root, _, sweep_dir, _ = finished
+    run_dir = sweep_dir / "variants" / "baseline" / "train"
+    state = read_trainer_state(checkpoint_dirs(run_dir)[-1])
+    assert state.step == 12
+    epochs = state.epoch + 1  # the epochs it has trained in (12 updates: within its first)
+
+    def changed(*overrides, run=run_dir, done=False):
+        return _trained_otherwise(run, load_config(root / "base.yaml", list(overrides)), done)
+
+    assert changed() == changed("train.max_steps=24") == changed("train.max_flops=1e18") == []
+    assert changed(f"train.max_epochs={epochs}") == changed("train.validate_every=3", "train.keep_last=5") == []
+    assert changed("train.max_steps=6") == ["train.max_steps=6, which the run has passed"]
+    assert changed("train.max_flops=1000") == ["train.max_flops=1000, which the run has passed"]
+    assert sorted(changed("train.best_metric=bleu", "train.patience=1")) == [
+        "train.best_metric, after the run finished", "train.patience, after the run finished"]
+    assert changed("train.dev_bleu_beam=2") == []  # read only under best_metric=bleu
+    assert changed("train.schedule=cosine", "train.max_steps=24") == ["train.max_steps", "train.schedule"]
+
+    unstarted = tmp_path / "train"  # trained with these settings, but no checkpoint yet
+    unstarted.mkdir()
+    (unstarted / "config.yaml").write_bytes((run_dir / "config.yaml").read_bytes())
+    assert changed("train.best_metric=bleu", "train.patience=1", "train.max_steps=6", run=unstarted) == []
+    assert changed("train.best_metric=bleu", run=unstarted, done=True) == ["train.best_metric, after the run finished"]
+
+
+def test_a_run_has_finished_as_the_trainer_decides():
+    from nmtkit.sweep.runner import _finished
+    from nmtkit.training.checkpoint import TrainerState
+
+    limits = {"max_steps": 100, "max_minutes": 0, "max_flops": 0, "patience": 0, "max_epochs": 0}
+    assert [_finished(TrainerState(step=step), limits) for step in (0, 99, 100)] == [False, False, True]
+    assert _finished(TrainerState(step=5, bad_validations=2), {**limits, "patience": 2})
+    assert not _finished(TrainerState(step=5, bad_validations=1), {**limits, "patience": 2})
+    assert _finished(TrainerState(step=5, train_seconds=60.0), {**limits, "max_minutes": 1})
+    assert _finished(TrainerState(step=5, train_flops=1e12), {**limits, "max_flops": 1e12})
+    epochs = {**limits, "max_epochs": 2}
+    assert not _finished(TrainerState(step=5, epoch=1, batch_in_epoch=3, epoch_batches=10), epochs)
+    assert _finished(TrainerState(step=5, epoch=1, batch_in_epoch=10, epoch_batches=10), epochs)
+    assert _finished(TrainerState(step=5, epoch=2), epochs)
+
+
 def test_plot_overlays_the_variants(finished, tmp_path, monkeypatch, capsys):
     from support.cli import cli
 
@@ -183,7 +281,9 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
     from nmtkit.models.build import build_model, parameter_table
 
     write_task(tmp_path)
-    sweep = write_sweep(tmp_path, "grid", variants=[{"name": "baseline"}, {"name": "vocab", "overrides": ["vocab.size=20"]}],
+    # the baseline's dropout sets it apart from d_model=16,pre_norm=false (equal variants are refused)
+    sweep = write_sweep(tmp_path, "grid", variants=[{"name": "baseline", "overrides": {"model.dropout": 0.1}},
+                                                    {"name": "vocab", "overrides": ["vocab.size=20"]}],
                         grid={"model.d_model": [16, 32], "model.pre_norm": [False, True]})
     result = sweep_here(sweep, "--dry-run")
     assert result.returncode == 0, result.stderr
@@ -225,6 +325,28 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
     ({"variants": [{"name": "a", "grid": {1: [2, 3]}}]}, ["variants[0].grid: keys must be names, got 1"]),
     ({"variants": [{"name": "a", "overrides": {"data.hf_revision": datetime.date(2024, 1, 1)}}]},
      ["overrides.data.hf_revision", "not a plain value"]),
+    # a workdir or a variant's recipe of the wrong type no longer falls back to the default, or uses str(value)
+    *(({"workdir": value}, [f"workdir must name a directory, got {value!r}"]) for value in (["a", "b"], True, {"a": 1},
+                                                                                          "", " ", 0, False, None)),
+    *(({"variants": [{"name": "a", "recipe": value}]}, [f"variant a: recipe must name a recipe file", f"got {value!r}"])
+      for value in (0, False, "", [], None)),
+    # a key set twice for one variant: the last value would win, silently
+    ({"variants": [{"name": "x", "overrides": {"train.lr": 0.1}, "grid": {"train.lr": [0.2, 0.3]}}]},
+     ["variant x: train.lr is set both by the grid and by train.lr"]),
+    ({"variants": [{"name": "x", "overrides": {"train": {"lr": 0.1}}, "grid": {"train.lr": [0.2, 0.3]}}]},
+     ["variant x: train.lr is set both by the grid and by train.lr"]),
+    ({"variants": [{"name": "x", "overrides": ["train.lr=0.1"], "grid": {"train": [{"lr": 0.2}]}}]},
+     ["variant x: train is set both by the grid and by train.lr"]),
+    ({"variants": [{"name": "a", "overrides": {"model": {"pre_norm": True}, "model.pre_norm": False}}]},
+     ["variant a: model.pre_norm is set twice"]),
+    # two variants of one config (YAML 1.1 reads 1e-3 as text, which train.lr reads as 0.001)
+    ({"grid": {"train.lr": ["1e-3", 0.001]}}, ["variants lr=1e-3 and lr=0.001 have the same settings"]),
+    ({"variants": [{"name": "a"}, {"name": "b", "overrides": {"train.lr": 0.003}}]},  # the recipe's own lr
+     ["variants a and b have the same settings"]),
+    # the seeds set train.seed for every run: a nested mapping must not get past that
+    ({"seeds": [1], "variants": [{"name": "a", "overrides": {"train": {"seed": 5}}}]}, ["variant a sets train.seed"]),
+    ({"seeds": [1], "variants": [{"name": "a", "overrides": ["train={seed: 5}"]}]}, ["variant a sets train.seed"]),
+    ({"seeds": [1], "overrides": {"train": {"seed": 5}}, "variants": [{"name": "a"}]}, ["sets train.seed"]),
 ])
 def test_bad_sweep_files_are_rejected(tmp_path, change, fragments):
     from nmtkit.errors import ConfigError
@@ -235,6 +357,25 @@ def test_bad_sweep_files_are_rejected(tmp_path, change, fragments):
         load_sweep(write_sweep(tmp_path, "bad", **change))
     for fragment in fragments:
         assert fragment in str(caught.value)
+
+
+def test_a_nested_override_sets_the_keys_it_names(tmp_path):
+    """``overrides: {model: {pre_norm: true}}`` replaced the whole model section by the defaults
+    (44M parameters instead of the recipe's 5.8k): a nested mapping sets the keys it names."""
+    from nmtkit.config import load_config
+    from nmtkit.sweep.spec import load_sweep
+
+    recipe = write_task(tmp_path)
+    sweep = load_sweep(write_sweep(tmp_path, "nested", variants=[
+        {"name": "baseline"}, {"name": "mapping", "overrides": {"model": {"pre_norm": True}, "train": {"seed": 5}}},
+        {"name": "listed", "overrides": ["model={pre_norm: true, dropout: 0.1}"]}]))
+    _, mapping, listed = sweep.variants
+    assert mapping.overrides == ("model.pre_norm=true", "train.seed=5")  # as the table and `run` show them
+    assert listed.overrides == ("model.pre_norm=true", "model.dropout=0.1")
+    placed = lambda v: [f"name=nested-{v.name}", f"workdir={tmp_path / 'nested' / 'variants' / v.name}"]  # noqa: E731
+    assert mapping.config == load_config(recipe, ["model.pre_norm=true", "train.seed=5", *placed(mapping)])
+    assert listed.config == load_config(recipe, ["model.pre_norm=true", "model.dropout=0.1", *placed(listed)])
+    assert (mapping.config.model.d_model, mapping.config.train.max_steps) == (16, 12)  # the recipe's, kept
 
 
 def test_a_bad_sweep_file_is_one_line_before_any_work(tmp_path):

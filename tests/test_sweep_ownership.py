@@ -65,6 +65,31 @@ def test_a_grid_is_sized_before_it_is_expanded(tmp_path):
         load_sweep(write_sweep(tmp_path, "many", variants=many))
 
 
+def test_a_large_grid_reads_its_recipe_once_and_digests_each_variant_once(tmp_path, monkeypatch):
+    """The table is rebuilt after every run and asks each variant's status: with the digest
+    recomputed each time, a 1,000-variant grid cost O(N^2) digests (16 s to load and list)."""
+    from nmtkit.sweep import record, spec
+
+    write_task(tmp_path)
+    calls = {"read_recipe": 0, "changed_settings": 0}
+
+    def counted(name: str, original):
+        def call(*args):
+            calls[name] += 1
+            return original(*args)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(spec, name, counted(name, getattr(spec, name)))
+    plan = load_sweep(write_sweep(tmp_path, "g", variants=[{"grid": {"train.lr": [0.001 * k for k in range(1, 21)],
+                                                                     "train.seed": list(range(10))}}]))
+    assert len(plan.variants) == 200 and calls == {"read_recipe": 1, "changed_settings": 200}
+    for _ in range(3):  # as after each of three runs
+        assert {record.variant_status(plan, v) for v in plan.variants} == {"pending"}
+        assert len({(v.config_key, v.data_key) for v in plan.variants}) == 200
+    assert calls == {"read_recipe": 1, "changed_settings": 200}
+
+
 @pytest.mark.parametrize("where", ["grid value", "quoted grid value", "override", "variant override"])
 def test_a_number_of_5000_digits_in_a_sweep_is_one_line(tmp_path, monkeypatch, capsys, where):
     write_task(tmp_path)

@@ -4,6 +4,7 @@ The selection tests use a stand-in module (``sword.module_texts`` patched); one 
 installed WEB module and skips without it.
 """
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,36 @@ def test_export_writes_texts_and_references_line_by_line(tmp_path, fake_module, 
     assert "3 verses of X written (1 held-out verses left out, 1 empty, 1 linked skipped)" in stderr
     code, stdout, _ = cli_in_process(monkeypatch, capsys, "verses", "X", "--testament", "old")
     assert code == 0 and stdout == "In the beginning.\nLight.\n"  # no -o: stdout carries only the text
+
+
+def test_a_testament_is_counted_on_its_own(fake_module):
+    """--testament new reported the whole Bible's empty and linked verses (all in Genesis here)."""
+    _, _, new = verses.select_verses(SWORD, "X", [], testament="new")
+    _, _, old = verses.select_verses(SWORD, "X", [], testament="old")
+    _, _, every = verses.select_verses(SWORD, "X", [], testament="all")
+    assert (new["dropped"], new["verses"]) == ({"empty": 0, "linked": 0}, 2)
+    assert (old["dropped"], old["verses"]) == ({"empty": 1, "linked": 1}, 2)
+    assert (every["dropped"], every["verses"]) == ({"empty": 1, "linked": 1}, 4)
+
+
+def test_refs_on_stdout_and_refs_onto_the_text(tmp_path, fake_module, monkeypatch, capsys):
+    """``-`` is stdout for --refs as for -o, so the two cannot both be; --refs naming the file
+    -o writes (by another path or a hard link too) would be overwritten by the text."""
+    out = tmp_path / "mono.en"
+    code, stdout, _ = cli_in_process(monkeypatch, capsys, "verses", "X", "--testament", "new", "-o", str(out),
+                                     "--refs", "-")
+    assert code == 0 and stdout == "Matthew 1:1\nMatthew 1:2\n" and not (tmp_path / "-").exists()
+    assert out.read_text(encoding="utf-8") == "The book.\nAbraham.\n"
+    (tmp_path / "v").mkdir()
+    os.link(out, tmp_path / "v" / "linked.en")
+    for args in (["--refs", "-"], ["-o", "-", "--refs", "-"], ["-o", str(out), "--refs", str(out)],
+                 ["-o", str(out), "--refs", f"{tmp_path}/v/../mono.en"],
+                 ["-o", str(out), "--refs", str(tmp_path / "v" / "linked.en")]):
+        code, stdout, stderr = cli_in_process(monkeypatch, capsys, "verses", "X", *args)
+        assert code == 2 and stdout == "" and len(stderr.strip().splitlines()) == 1, (args, stderr)
+        assert ("--refs -: the verses already go to stdout" if args[-1] == "-" else "is the file -o writes") \
+            in stderr, stderr
+    assert out.read_text(encoding="utf-8") == "The book.\nAbraham.\n"
 
 
 @pytest.mark.parametrize("args, message", [

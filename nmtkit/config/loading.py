@@ -12,7 +12,7 @@ from nmtkit.config.rules import check_ranges, validate
 from nmtkit.config.schema import (PRESETS, Config, DataConfig, DecodeConfig, ModelConfig, VocabConfig, field_types,
                                   recipe_key, section_type)
 from nmtkit.errors import ConfigError
-from nmtkit.recipe_text import MAX_INT_DIGITS, MAX_RECIPE_BYTES, plain_copy, safe_yaml
+from nmtkit.recipe_text import MAX_INT_DIGITS, MAX_RECIPE_BYTES, has_comment, plain_copy, safe_yaml
 
 
 def _shown_choice(choice: Any) -> str:
@@ -111,33 +111,77 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _parse_scalar(text: str) -> Any:
-    """Parse an override value the way YAML would (numbers, booleans, lists)."""
+def parse_value(text: str) -> Any:
+    """Parse an override value the way YAML would (numbers, booleans, lists, mappings), except
+    that a ``#`` is part of the text: a command line has no comments, and YAML would cut
+    ``workdir=runs/exp #2`` to ``runs/exp`` (``name= # x`` to nothing)."""
     import yaml
 
     if text.lstrip().startswith(("*", "&")):  # a path like *x.txt, which YAML would take for an alias
         return text
+    if has_comment(text):
+        return text.strip()
     try:
         return safe_yaml(text)
     except yaml.YAMLError:
         return text
 
 
+def _annotation_at(parts: list[str]) -> Any:
+    """The schema type of the dotted key ``parts`` (a section's dataclass, a field's type), or
+    None where the key is not a recipe key (then ``_build`` names it)."""
+    cls, annotation = Config, None
+    for part in parts:
+        if cls is None:
+            return None
+        names = {recipe_key(f.name): f.name for f in dataclasses.fields(cls)}
+        if part not in names:
+            return None
+        annotation = field_types(cls)[names[part]]
+        cls = annotation if dataclasses.is_dataclass(annotation) else None
+    return annotation
+
+
+def _merge(into: dict, value: dict) -> dict:
+    """``value`` merged into ``into`` key by key, mappings recursively: ``model={pre_norm: true}``
+    sets one key of the recipe's model section, as ``model.pre_norm=true`` does."""
+    for key, item in value.items():
+        if isinstance(item, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], item)
+        else:
+            into[key] = item
+    return into
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Set dotted ``a.b.c=value`` overrides in a nested dict (before type checking)."""
+    """Set dotted ``a.b.c=value`` overrides in a nested dict (before type checking); a mapping
+    value is merged into what the key holds, never replacing a whole section."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.max_steps=1000)")
         key, text = item.split("=", 1)
+        key = key.strip()
         node = raw
-        parts = key.strip().split(".")
+        parts = key.split(".")
+        value = parse_value(text)
+        if value is None or value == "":
+            # `train=` would reset a section to its defaults, `name=` put the work directory at
+            # data/ itself, `workdir=` drop the recipe's: an unset shell variable, most likely
+            if dataclasses.is_dataclass(_annotation_at(parts)):
+                raise ConfigError(f"override {key}= has no value: {key} is a section; set its keys "
+                                  f"({key}.KEY=VALUE) or a mapping ({key}={{KEY: VALUE}})")
+            if key in ("name", "workdir"):
+                raise ConfigError(f"override {key}= has no value: give a {key} (or leave the override out)")
         for part in parts[:-1]:
             if node.get(part) is None:  # absent, or an empty section (`model:` with nothing under it)
                 node[part] = {}
             node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key}: {part} is not a section")
-        node[parts[-1]] = _parse_scalar(text)
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            _merge(node[parts[-1]], value)
+        else:
+            node[parts[-1]] = value
     return raw
 
 
@@ -165,24 +209,28 @@ def model_config_from_dict(values: dict, joint_vocab: bool) -> ModelConfig:
     return model
 
 
-def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) -> Config:
-    """Load a YAML recipe (or defaults when ``path`` is None) and apply overrides."""
+def read_recipe(path: str | Path) -> dict:
+    """A YAML recipe file as a plain tree, its ``name`` defaulting to the file's stem."""
     import yaml
 
-    raw: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"recipe not found: {path}")
-        from nmtkit.storage.files import read_regular
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe not found: {path}")
+    from nmtkit.storage.files import read_regular
 
-        try:
-            raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "recipe").decode("utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
-        raw.setdefault("name", path.stem)
+    try:
+        raw = safe_yaml(read_regular(path, MAX_RECIPE_BYTES, ConfigError, "recipe").decode("utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not a valid YAML recipe ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+    raw.setdefault("name", path.stem)
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: Optional[list[str]] = None) -> Config:
+    """Load a YAML recipe (or defaults when ``path`` is None) and apply overrides."""
+    raw = read_recipe(path) if path is not None else {}
     return from_dict(apply_overrides(raw, list(overrides or [])))
 
 

@@ -211,6 +211,9 @@ def estimated_parameters(cfg: Config) -> int:
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a dataclass type cannot express."""
+    if not cfg.name.strip():  # `name:` with nothing would put the work directory at data/ itself
+        raise ConfigError("name is empty: name the experiment (its work directory is data/<name> unless "
+                          "workdir says otherwise)")
     m = cfg.model
     if m.preset:
         if m.preset not in PRESETS:

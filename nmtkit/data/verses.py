@@ -60,8 +60,10 @@ def module_verses(sword_path: Path, name: str, testament: str = "all") -> tuple[
     """The non-empty verses of one module in its index order, and a report: its versification
     and how many verses were left out why."""
     module, texts = sword.module_texts(sword_path, name, "--sword-path")
+    # the testament first, so the report counts the verses of the testament asked for
+    chosen, texts = sword.testament(list(texts), list(texts.values()), testament)
     refs, lines, dropped = [], [], {"empty": 0, "linked": 0}
-    for ref, text in texts.items():
+    for ref, text in zip(chosen, texts):
         if text is None:
             dropped["linked"] += 1
         elif not text:
@@ -69,7 +71,6 @@ def module_verses(sword_path: Path, name: str, testament: str = "all") -> tuple[
         else:
             refs.append(ref)
             lines.append(text)
-    refs, lines = sword.testament(refs, lines, testament)
     return refs, lines, {"module": name, "versification": module.versification(), "dropped": dropped}
 
 
@@ -92,21 +93,37 @@ def select_verses(sword_path: Path, name: str, exclude: list[Path], testament: s
 
 def export_verses(name: str, output: str | None, exclude: list[Path], testament: str = "all",
                   sword_path: Path = Path("/usr/share/sword"), refs_output: str | None = None) -> dict:
-    """Write the selected verses one a line to ``output`` (None: stdout), and their references
-    line by line to ``refs_output``; both checked before the module is read, written atomically."""
+    """Write the selected verses one a line to ``output`` (None or "-": stdout), and their
+    references line by line to ``refs_output`` ("-": stdout, when the verses go to a file); both
+    checked before the module is read, written atomically."""
     if testament not in ("all", "old", "new"):
         raise ConfigError(f"--testament {testament}: choose all, old or new")
     out = check_output_file(None if output == "-" else output)  # "-": stdout, as for translate
-    refs_out = check_output_file(refs_output, "--refs")
+    if refs_output == "-" and out is None:  # one stream cannot carry both, line by line
+        raise ConfigError("--refs -: the verses already go to stdout; give -o FILE, or --refs FILE")
+    refs_out = check_output_file(None if refs_output == "-" else refs_output, "--refs")
+    if out is not None and refs_out is not None and _same_file(out, refs_out):
+        raise ConfigError(f"--refs {refs_output} is the file -o writes the verses to; give each its own file")
     for prepared in exclude:
         heldout_refs(prepared)  # a wrong --exclude fails before the seconds of reading the module
     refs, lines, report = select_verses(Path(sword_path), name, exclude, testament)
-    for path, rows in ((refs_out, refs), (out, lines)):
+    for path, rows, wanted in ((refs_out, refs, refs_output is not None), (out, lines, True)):
         text = "".join(row + "\n" for row in rows).encode("utf-8")
         if path is not None:
             with open_output(path) as handle:
                 handle.write(text)
-        elif rows is lines:
+        elif wanted:
             sys.stdout.buffer.write(text)
             sys.stdout.flush()
     return report
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether two output paths name one file: the same path once resolved, or (existing) the
+    same inode through a hard link."""
+    if os.path.realpath(one) == os.path.realpath(other):
+        return True
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one of them does not exist yet
+        return False

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from nmtkit.storage.files import read_json_dict
+from nmtkit.storage.files import read_json_dict, sha256_file
 from nmtkit.sweep.spec import Sweep, Variant
 from nmtkit.workdir import WorkDir
 
@@ -52,10 +52,38 @@ def read_results(variant_dir: Path) -> Optional[dict]:
 
 def variant_status(sweep: Sweep, variant: Variant) -> str:
     """done / failed / stopped / started (a session that never reported: killed outright) as the
-    last session left it, or pending (never run, or run with other settings than the sweep file's now)."""
-    record = read_record(sweep.variant_dir(variant.name))
+    last session left it, or pending (never run, run with other settings than the sweep file's
+    now, or done but its results.json or test.hyp, which the table reads, missing or damaged
+    since: running it again makes them again, without training)."""
+    directory = sweep.variant_dir(variant.name)
+    record = read_record(directory)
     if record.get("config") != variant.config_key:
         return "pending"
-    if record.get("status") == "done" and read_results(sweep.variant_dir(variant.name)) is None:
+    if record.get("status") == "done" and (read_results(directory) is None or
+                                           not translation_intact(WorkDir(directory).results / "test.hyp",
+                                                                  _sha256)):
         return "pending"
     return record.get("status", "pending")
+
+
+def translation_intact(hyp_path: Path, digest=sha256_file) -> bool:
+    """Whether ``hyp_path`` (results/test.hyp) holds the bytes that the stamp ``nmtkit run``
+    wrote beside it (SPLIT.hyp.stamp, pipeline.translate_split) recorded: missing, cut short or
+    edited since, it is not that run's translation."""
+    stamp = read_json_dict(hyp_path.with_name(hyp_path.name + ".stamp")) or {}
+    return isinstance(stamp.get("sha256"), str) and hyp_path.is_file() and digest(hyp_path) == stamp["sha256"]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _sha256(path: Path) -> str:
+    """sha256_file, kept per (file, size, mtime): the table asks every variant's status after
+    each run, and a finished variant's test.hyp seldom changes."""
+    info = path.stat()
+    key = (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _DIGESTS:
+        if len(_DIGESTS) > 100_000:
+            _DIGESTS.clear()
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from nmtkit.errors import DataError
+from nmtkit.errors import DataError, NmtkitError
 from nmtkit.scoring.significance import DEFAULT_SEED
 from nmtkit.storage.files import atomic_write_text, read_lines
 from nmtkit.sweep.record import read_record, read_results, variant_status
@@ -117,18 +117,30 @@ def _add_p_values(sweep: Sweep, rows: list[dict]) -> None:
 
 
 def _add_p_value(sweep: Sweep, row: dict, variant: Variant, base: Variant) -> None:
+    """The p-value, or a note saying why there is none: a file it reads that went missing or
+    bad since its run finished costs this one cell, not the sweep (the row's run, or the
+    baseline's, is pending again and run anew by the next sweep)."""
     from nmtkit.scoring.significance import paired_test
 
     base_dir = sweep.variant_dir(base.name)
     tgt, evaluation = base.config.data.tgt_lang, base.config.eval  # scored as `run` scored it
-    refs = read_lines(WorkDir(base_dir).text("test", tgt))
-    base_hyps = read_lines(WorkDir(base_dir).results / "test.hyp")
     directory = sweep.variant_dir(variant.name)
-    if read_lines(WorkDir(directory).text("test", variant.config.data.tgt_lang)) != refs:
-        row["p_value_note"] = "other test references than the baseline's: no p-value"
+    try:
+        refs = read_lines(WorkDir(base_dir).text("test", tgt))
+        base_hyps = read_lines(WorkDir(base_dir).results / "test.hyp")
+        if read_lines(WorkDir(directory).text("test", variant.config.data.tgt_lang)) != refs:
+            row["p_value_note"] = "other test references than the baseline's: no p-value"
+            return
+        hyps = read_lines(WorkDir(directory).results / "test.hyp")
+    except NmtkitError as err:
+        row["p_value_note"] = f"no p-value: {err}"
         return
-    result = paired_test(read_lines(WorkDir(directory).results / "test.hyp"), base_hyps, [refs], metrics=("bleu",),
-                         test="bootstrap", resamples=RESAMPLES, seed=DEFAULT_SEED, lowercase=evaluation.lowercase,
+    if not len(hyps) == len(base_hyps) == len(refs):
+        row["p_value_note"] = (f"no p-value: {len(hyps)} and {len(base_hyps)} (baseline) translations of "
+                               f"{len(refs)} test sentences")
+        return
+    result = paired_test(hyps, base_hyps, [refs], metrics=("bleu",), test="bootstrap", resamples=RESAMPLES,
+                         seed=DEFAULT_SEED, lowercase=evaluation.lowercase,
                          tokenize=evaluation.tokenizer(base.config.data.reference_language()))
     row["p_value"] = round(result["bleu"].p_value, 4)
 

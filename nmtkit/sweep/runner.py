@@ -113,7 +113,8 @@ def begin_run(sweep: Sweep, variant: Variant, console) -> dict:
     settings its run belongs to). Returns the old record when it is of these settings."""
     directory = sweep.variant_dir(variant.name)
     link_prepared(sweep, variant, console)
-    changed = _trained_otherwise(WorkDir(directory).run.path, variant.config)
+    changed = _trained_otherwise(WorkDir(directory).run.path, variant.config,
+                                 read_record(directory).get("status") == "done")
     if changed:
         _set_aside_old_run(directory, console, variant.name, changed)
     old = read_record(directory)
@@ -141,16 +142,26 @@ def finish_run(sweep: Sweep, variant: Variant, old: dict, code: int, peak_kib: i
     return status, record
 
 
-# train settings that say how long, how often, where or how fast: a run resumed with new values is
-# the run the new settings describe (max_steps too, unless the schedule decays towards it)
-_RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "max_flops", "threads", "log_every", "validate_every", "save_every", "keep_last",
-              "tensorboard", "average_last", "dev_bleu_beam", "dev_bleu_max_sentences", "patience", "best_metric",
+# train settings that say how often, where or how fast: a run resumed with new values is the run the
+# new settings describe
+_RESUMABLE = {"threads", "log_every", "validate_every", "save_every", "keep_last", "tensorboard", "average_last",
               "device", "dtype", "compile"}
+# how long, with what a run has spent of each (from its last checkpoint's trainer state): raised, or lowered
+# to no less than the run has spent, the resumed run is the one they describe; lowered below that, the
+# run trained past the new limit and its model is not that of the new settings (max_steps is a
+# settings change whenever the schedule decays towards it)
+_LIMITS = {"max_steps": lambda state: state.step, "max_epochs": lambda state: state.epoch + 1 if state.step else 0,
+           "max_minutes": lambda state: state.train_seconds / 60, "max_flops": lambda state: state.train_flops}
+# which checkpoint is best and when to stop early: an unfinished run goes on under the new values, a
+# finished one chose its best checkpoint (and its stop) by the old ones (no dev BLEU was ever computed
+# for best_metric=bleu)
+_UNTIL_FINISHED = {"best_metric", "patience", "dev_bleu_beam", "dev_bleu_max_sentences"}
 
 
-def _trained_otherwise(run_dir: Path, cfg) -> list[str]:
+def _trained_otherwise(run_dir: Path, cfg, done_before: bool = False) -> list[str]:
     """The model, train or data settings the run in ``run_dir`` was trained with that differ from
-    ``cfg``'s, apart from those a resumed run may change (decode settings only re-translate)."""
+    ``cfg``'s, apart from those a resumed run may change (decode settings only re-translate).
+    ``done_before``: the variant's last session finished (so did its training)."""
     from nmtkit.errors import DataError
     from nmtkit.runlog import read_run_config, saved_section
 
@@ -161,13 +172,60 @@ def _trained_otherwise(run_dir: Path, cfg) -> list[str]:
     if saved is None:
         return []
     now = json.loads(json.dumps(cfg.to_dict()))
-    resumable = _RESUMABLE - ({"max_steps"} if now["train"].get("schedule") in ("cosine", "linear") else set())
+    decays = now["train"].get("schedule") in ("cosine", "linear")
+    state = _last_state(run_dir)
     changed = []
     for section in ("model", "train", "data"):
         old = saved_section(saved, section, cfg)
-        changed += [f"{section}.{key}" for key, value in now[section].items()
-                    if old.get(key) != value and not (section == "train" and key in resumable)]
+        for key, value in now[section].items():
+            if old.get(key) == value or (section == "train" and key in _RESUMABLE):
+                continue
+            if section == "train" and key in _LIMITS and not (key == "max_steps" and decays):
+                spent = _LIMITS[key](state) if state is not None else None
+                if spent is not None and (not value or spent <= value):  # 0: no limit (max_steps is never 0)
+                    continue
+                changed.append(f"train.{key}={value:g}, which the run has passed" if spent is not None
+                               else f"train.{key}")
+            elif section == "train" and key in _UNTIL_FINISHED:
+                metrics = (old.get("best_metric"), now["train"]["best_metric"])
+                unread = key.startswith("dev_bleu_") and "bleu" not in metrics  # inert under best_metric=loss
+                if not unread and (state is None or done_before or _finished(state, old)):
+                    changed.append(f"train.{key}, after the run finished")
+            else:
+                changed.append(f"{section}.{key}")
     return changed
+
+
+def _last_state(run_dir: Path):
+    """The trainer state of the run's last readable checkpoint (the one a resume starts from; a
+    fresh state when there is none: nothing is trained yet), or None when none can be read
+    (then every limit or best-checkpoint setting that changed counts as a change)."""
+    from nmtkit.errors import NmtkitError
+    from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, read_trainer_state
+
+    dirs = checkpoint_dirs(run_dir)
+    if not dirs:
+        return TrainerState()
+    for path in reversed(dirs):
+        with contextlib.suppress(NmtkitError):
+            return read_trainer_state(path)
+    return None
+
+
+def _finished(state, train: dict) -> bool:
+    """Whether a run at ``state`` had stopped under the train settings it was trained with, as
+    the trainer decides (epochs: once it has used the last epoch's batches)."""
+    def limit(key: str) -> float:
+        value = train.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+    epochs = limit("max_epochs")
+    return bool(0 < limit("max_steps") <= state.step
+                or 0 < limit("max_minutes") * 60 <= state.train_seconds
+                or 0 < limit("max_flops") <= state.train_flops
+                or 0 < limit("patience") <= state.bad_validations
+                or (epochs and (state.epoch >= epochs or (state.epoch == epochs - 1 and
+                                                          0 < state.epoch_batches <= state.batch_in_epoch))))
 
 
 def _set_aside_old_run(directory: Path, console, name: str, changed: list[str]) -> None:

@@ -18,9 +18,11 @@
     splits: 2                           # ... and per data split (data.split_seed 0 .. splits-1)
     baseline: lstm                      # ... unless one is named here (or by --baseline)
 
-Overrides are a mapping of dotted keys or a list of ``key=value`` strings. Each variant's
+Overrides are a mapping of dotted keys or a list of ``key=value`` strings; a nested mapping
+({model: {pre_norm: true}}) is one dotted key per value (model.pre_norm=true). Each variant's
 config is the one ``nmtkit run RECIPE key=value ...`` would build, so every variant is
-built (and validated like a recipe) before any work starts. No torch here.
+built (and validated like a recipe) before any work starts: a key a variant sets twice (its
+overrides and its grid) and two variants of the same settings are refused. No torch here.
 
 With ``seeds`` and/or ``splits`` (or ``nmtkit sweep --seeds 1,2 --splits 3``) each variant is
 a group of runs, one per (seed, split), named ``NAME,seed=S,split=K``; split K sets
@@ -30,6 +32,8 @@ prepare. Without either key a variant is one run, as before.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nmtkit.config import Config, load_config
+from nmtkit.config import Config, apply_overrides, from_dict, parse_value, read_recipe
 from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
 from nmtkit.storage.files import read_regular
@@ -73,18 +77,24 @@ class Variant:
         """What sets this variant apart, for tables: its own recipe (if any) and overrides."""
         return ([f"recipe:{self.recipe.name}"] if self.recipe != base_recipe else []) + list(self.overrides)
 
-    @property
+    # the digests are cached (the config never changes): a sweep's table asks each variant's
+    # status after every run, which would otherwise rebuild N digests N times
+    @functools.cached_property
+    def _settings(self) -> dict:
+        return changed_settings(self.config)
+
+    @functools.cached_property
     def data_key(self) -> str:
         """Variants with the same key share one ``prepare``: a digest of what prepared/ depends on."""
         return self._data_digest(with_weights=False)  # training applies corpus weights; prepared/ does not hold them
 
-    @property
+    @functools.cached_property
     def legacy_data_key(self) -> str:
         """The key of nmtkit versions that hashed corpus weights too (their links stay valid)."""
         return self._data_digest(with_weights=True)
 
     def _data_digest(self, with_weights: bool) -> str:
-        settings = changed_settings(self.config)
+        settings = self._settings
         vocab = {k: v for k, v in settings.get("vocab", {}).items() if k != "workers"}  # speed, not output
         data = dict(settings.get("data", {}))
         if not with_weights and isinstance(data.get("corpora"), list):
@@ -93,11 +103,18 @@ class Variant:
         text = json.dumps({"data": data, "vocab": vocab}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
-    @property
+    @functools.cached_property
     def config_key(self) -> str:
         """A digest of the whole resolved config: a finished variant counts only for this config."""
-        text = json.dumps(changed_settings(self.config), sort_keys=True, default=str)
+        text = json.dumps(self._settings, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def training_key(self) -> str:
+        """``config_key`` without the name and work directory the sweep gives each variant: two
+        variants with one key would train the same model twice."""
+        settings = {k: v for k, v in self._settings.items() if k not in RESERVED_OVERRIDES}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def changed_settings(config: Config) -> dict:
@@ -113,8 +130,13 @@ def changed_settings(config: Config) -> dict:
 
     # against the old value of a key whose default changed (LEGACY_VALUES): a sweep written before
     # keeps its digests, a recipe relying on the new default gets new ones
-    return differ(json.loads(json.dumps(config.to_dict(), default=str)),
-                  json.loads(json.dumps(Config.legacy_tree(), default=str)))
+    return differ(json.loads(json.dumps(config.to_dict(), default=str)), _legacy_defaults())
+
+
+@functools.lru_cache(maxsize=1)
+def _legacy_defaults() -> dict:
+    """``Config.legacy_tree()`` as JSON reads it, built once (``differ`` only reads it)."""
+    return json.loads(json.dumps(Config.legacy_tree(), default=str))
 
 
 _ABSENT = object()
@@ -181,7 +203,10 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
     if unknown:
         raise ConfigError(f"{path}: unknown sweep key {unknown[0]}; valid keys: {', '.join(SWEEP_KEYS)}")
     recipe = _recipe_path(path, raw.get("recipe"), str(path))
-    workdir = Path(str(raw.get("workdir") or f"data/sweeps/{path.stem}"))
+    if "workdir" in raw and (not isinstance(raw["workdir"], str) or not raw["workdir"].strip()):
+        raise ConfigError(f"{path}: workdir must name a directory, got {raw['workdir']!r} (leave the key out "
+                          f"for data/sweeps/{path.stem})")
+    workdir = Path(raw.get("workdir") or f"data/sweeps/{path.stem}")
     shared = tuple(_override_items(raw.get("overrides"), f"{path}: overrides"))
     if not isinstance(raw.get("variants") or [], list):
         raise ConfigError(f"{path}: `variants:` must be a list of entries with name, overrides and/or grid")
@@ -196,19 +221,21 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
     if not named:
         raise ConfigError(f"{path}: no variants (give `variants:` and/or `grid:`)")
     _check_names(path, [name for name, _, _ in named])
+    recipes: dict[Path, dict] = {}  # each recipe file read once, however many variants start from it
     variants = []
     for name, own_recipe, items in named:
-        variant_recipe = _recipe_path(path, own_recipe, f"{path}: variant {name}") if own_recipe else recipe
+        variant_recipe = _recipe_path(path, own_recipe, f"{path}: variant {name}") if own_recipe is not None else recipe
         variants.append(Variant(name, variant_recipe, tuple(items),
-                                _variant_config(path, variant_recipe, workdir, name, shared, items)))
+                                _variant_config(path, variant_recipe, workdir, name, shared, items, recipes)))
     variants = tuple(variants)
+    _check_distinct(path, variants)
     seeds = check_seeds(seeds, "--seeds") if seeds is not None else check_seeds(raw.get("seeds"), f"{path}: seeds")
     splits = check_splits(splits, "--splits") if splits is not None else check_splits(raw.get("splits"), f"{path}: splits")
     baseline = _baseline(baseline if baseline is not None else raw.get("baseline"), variants,
                          "--baseline" if baseline is not None else f"{path}: baseline")
     if not seeds and not splits:
         return Sweep(path.stem, path, recipe, workdir, shared, variants, baseline_name=baseline)
-    runs = _replicas(path, workdir, shared, variants, seeds, splits or 1)
+    runs = _replicas(path, workdir, shared, variants, seeds, splits or 1, recipes)
     return Sweep(path.stem, path, recipe, workdir, shared, runs, variants, tuple(seeds), splits or 1, baseline)
 
 
@@ -222,14 +249,25 @@ def _baseline(value: Any, variants: tuple[Variant, ...], where: str) -> str:
     return value
 
 
+def _check_distinct(path: Path, variants: tuple[Variant, ...]) -> None:
+    """Two variants of one config (``train.lr: [1e-3, 0.001]``, which YAML reads as text and a
+    number) would train the same model twice and show it as two results."""
+    seen: dict[str, str] = {}
+    for variant in variants:
+        other = seen.setdefault(variant.training_key, variant.name)
+        if other != variant.name:
+            raise ConfigError(f"{path}: variants {other} and {variant.name} have the same settings; a sweep "
+                              f"trains each once (`seeds:` repeats runs with other seeds)")
+
+
 def _replicas(path: Path, workdir: Path, shared: tuple[str, ...], variants: tuple[Variant, ...], seeds: list[int],
-              splits: int) -> tuple[Variant, ...]:
+              splits: int, recipes: dict) -> tuple[Variant, ...]:
     """One run per (split, seed, variant), in that order: after the first round every variant
     has a run to compare. Without ``seeds`` each variant keeps its recipe's train.seed."""
     replaced = (["train.seed"] if seeds else []) + ["data.split_seed"]
     for variant in variants:
         for item in [*shared, *variant.overrides]:
-            if item.split("=", 1)[0].strip() in replaced:
+            if any(_overlap(item.split("=", 1)[0].strip(), key) for key in replaced):
                 raise ConfigError(f"{path}: variant {variant.name} sets {item.split('=', 1)[0].strip()}, which "
                                   f"`seeds:` / `splits:` set for every run; leave it to them")
     runs = []
@@ -240,7 +278,8 @@ def _replicas(path: Path, workdir: Path, shared: tuple[str, ...], variants: tupl
                 replica = ((f"train.seed={run_seed}",) if seed is not None else ()) + (f"data.split_seed={split}",)
                 name = f"{variant.name},seed={run_seed},split={split}"
                 _check_names(path, [name])
-                config = _variant_config(path, variant.recipe, workdir, name, shared, [*variant.overrides, *replica])
+                config = _variant_config(path, variant.recipe, workdir, name, shared, [*variant.overrides, *replica],
+                                         recipes)
                 runs.append(Variant(name, variant.recipe, variant.overrides, config, variant.name, run_seed, split,
                                     replica))
     return tuple(runs)
@@ -273,22 +312,53 @@ def _recipe_path(sweep_path: Path, value: Any, where: str) -> Path:
 
 
 def _override_items(value: Any, where: str) -> list[str]:
-    """A mapping {dotted.key: value} or a list of ``key=value`` strings -> ``key=value`` strings."""
+    """A mapping {dotted.key: value} or a list of ``key=value`` strings -> ``key=value`` strings,
+    one per setting: a nested mapping ({model: {pre_norm: true}}, or ``model={pre_norm: true}``)
+    becomes a dotted key per value (model.pre_norm=true), so it sets those keys of the section,
+    as on the command line, and the checks below see every key it sets."""
     if value is None:
         return []
     if isinstance(value, dict):
-        items = [f"{key}={_text(item)}" for key, item in value.items()]
+        items = [f"{key}={_text(leaf)}" for name, item in value.items() for key, leaf in _flat(str(name), item)]
     elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-        items = list(value)
+        items = []
+        for item in value:
+            key, text = item.split("=", 1) if "=" in item else (item, None)
+            try:
+                parsed = parse_value(text) if text is not None else None
+            except ConfigError as err:  # a number of thousands of digits, say
+                raise ConfigError(f"{where}: {key.strip()}: {err}") from None
+            if isinstance(parsed, dict) and parsed:
+                items += [f"{dotted}={_text(leaf)}" for dotted, leaf in _flat(key.strip(), parsed)]
+            else:
+                items.append(item)
     else:
         raise ConfigError(f"{where}: expected a mapping of dotted keys or a list of key=value, got {value!r}")
+    keys: list[str] = []
     for item in items:
         key = item.split("=", 1)[0].strip()
         if "=" not in item or not key:
             raise ConfigError(f"{where}: {item!r} is not of the form key=value (e.g. train.lr=0.002)")
         if key in RESERVED_OVERRIDES:
             raise ConfigError(f"{where}: {key} cannot be overridden: the sweep names and places every variant")
+        twice = next((other for other in keys if _overlap(key, other)), None)
+        if twice is not None:  # the last would win, silently
+            raise ConfigError(f"{where}: {key} is set twice" + (f" (also by {twice})" if twice != key else ""))
+        keys.append(key)
     return items
+
+
+def _flat(key: str, value: Any) -> list[tuple[str, Any]]:
+    """(dotted key, value) of each leaf of a nested mapping: {model: {pre_norm: true}} ->
+    [("model.pre_norm", True)]; an empty mapping and anything else are one leaf."""
+    if isinstance(value, dict) and value:
+        return [pair for name, item in value.items() for pair in _flat(f"{key}.{name}", item)]
+    return [(key, value)]
+
+
+def _overlap(key: str, other: str) -> bool:
+    """Whether two dotted keys set the same setting: equal, or one a section of the other."""
+    return key == other or key.startswith(other + ".") or other.startswith(key + ".")
 
 
 def _text(value: Any) -> str:
@@ -317,6 +387,9 @@ def _expand(entry: Any, where: str) -> list[tuple[str, Any, list[str]]]:
     if name is not None and not isinstance(name, str):
         name = str(name)
     where = f"{where.rsplit(':', 1)[0]}: variant {name}" if name else where
+    if "recipe" in entry and (not isinstance(entry["recipe"], str) or not entry["recipe"].strip()):
+        raise ConfigError(f"{where}: recipe must name a recipe file (a path relative to the sweep file), got "
+                          f"{entry['recipe']!r} (leave the key out for the sweep's recipe)")
     items = _override_items(entry.get("overrides"), where)
     grid = entry.get("grid")
     if grid is None:
@@ -325,10 +398,14 @@ def _expand(entry: Any, where: str) -> list[tuple[str, Any, list[str]]]:
         return [(name, entry.get("recipe"), items)]
     if not isinstance(grid, dict) or not grid:
         raise ConfigError(f"{where}: grid must be a mapping of dotted keys to lists of values")
-    for key, values in grid.items():
+    own = [item.split("=", 1)[0].strip() for item in items]
+    for index, (key, values) in enumerate(grid.items()):
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}: grid key {key} needs a non-empty list of values, got {values!r}")
         _override_items({key: values[0]}, where)
+        both = next((other for other in [*own, *list(grid)[:index]] if _overlap(key, other)), None)
+        if both is not None:  # the grid's value would win over the variant's own, silently
+            raise ConfigError(f"{where}: {key} is set both by the grid and by {both}; set it in one place")
     combinations = math.prod(len(values) for values in grid.values())
     if combinations > MAX_VARIANTS:  # sized before a single combination is made
         raise ConfigError(f"{where}: the grid has {combinations:,} combinations, more than a sweep runs "
@@ -337,7 +414,7 @@ def _expand(entry: Any, where: str) -> list[tuple[str, Any, list[str]]]:
     combos = []
     for values in itertools.product(*grid.values()):
         generated = ",".join(f"{label}={_name_text(value)}" for label, value in zip(labels, values))
-        grid_items = [f"{key}={_text(value)}" for key, value in zip(grid, values)]
+        grid_items = _override_items(dict(zip(grid, values)), where)
         combos.append((f"{name},{generated}" if name else generated, entry.get("recipe"), items + grid_items))
     return combos
 
@@ -369,9 +446,14 @@ def _check_names(path: Path, names: list[str]) -> None:
 
 
 def _variant_config(path: Path, recipe: Path, workdir: Path, name: str, shared: tuple[str, ...],
-                    items: list[str]) -> Config:
+                    items: list[str], recipes: dict) -> Config:
+    """The config ``nmtkit run RECIPE SHARED ITEMS name=... workdir=...`` builds; ``recipes``
+    caches each recipe file's tree (a grid of 1,000 variants reads its recipe once)."""
     try:
-        return load_config(recipe, [*shared, *items, *_placement(path.stem, workdir, name)])
+        if recipe not in recipes:
+            recipes[recipe] = read_recipe(recipe)
+        raw = copy.deepcopy(recipes[recipe])
+        return from_dict(apply_overrides(raw, [*shared, *items, *_placement(path.stem, workdir, name)]))
     except ConfigError as err:
         raise ConfigError(f"{path}: variant {name}: {err}") from None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
+from nmtkit.errors import NmtkitError
 from nmtkit.storage.files import read_lines
 from nmtkit.scoring.significance import DEFAULT_SEED, paired_runs_test, sign_test
 from nmtkit.sweep.spec import Sweep, Variant
@@ -74,12 +75,20 @@ def _against_baseline(sweep: Sweep, baseline: Variant, group: Variant, by_name: 
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
     runs, note = [], None
     for base, run in pairs:
-        refs = read_lines(WorkDir(sweep.variant_dir(base.name)).text("test", base.config.data.tgt_lang))
-        if read_lines(WorkDir(sweep.variant_dir(run.name)).text("test", run.config.data.tgt_lang)) != refs:
-            note = "other test references than the baseline's on the same split: no p-value"
+        try:  # a file gone missing or bad since its run finished costs the p-value, not the sweep
+            refs = read_lines(WorkDir(sweep.variant_dir(base.name)).text("test", base.config.data.tgt_lang))
+            if read_lines(WorkDir(sweep.variant_dir(run.name)).text("test", run.config.data.tgt_lang)) != refs:
+                note = "other test references than the baseline's on the same split: no p-value"
+                break
+            hyps = read_lines(WorkDir(sweep.variant_dir(run.name)).results / "test.hyp")
+            base_hyps = read_lines(WorkDir(sweep.variant_dir(base.name)).results / "test.hyp")
+        except NmtkitError as err:
+            note = f"no p-value: {err}"
             break
-        runs.append((read_lines(WorkDir(sweep.variant_dir(run.name)).results / "test.hyp"),
-                     read_lines(WorkDir(sweep.variant_dir(base.name)).results / "test.hyp"), refs, run.split))
+        if not len(hyps) == len(base_hyps) == len(refs):
+            note = f"no p-value: {run.name} or {base.name} has not one translation per test sentence"
+            break
+        runs.append((hyps, base_hyps, refs, run.split))
     out: dict[str, Any] = {"paired_runs": len(pairs), "mean_delta_bleu": statistics.fmean(deltas), "wins": wins,
                            "losses": losses, "sign_p": round(sign_test(wins, losses), 4)}
     if note:

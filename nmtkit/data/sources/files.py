@@ -39,6 +39,10 @@ def paths(data: SourceConfig, splits: tuple[str, ...] = SPLITS) -> dict[str, tup
         entry = data.files.get(split)
         if not isinstance(entry, dict):
             raise ConfigError(f"data.files.{split}: missing; expected {{{data.src_lang}: path, {data.tgt_lang}: path}}")
+        extra = [str(key) for key in entry if key not in (data.src_lang, data.tgt_lang)]
+        if extra:  # a third language beside the two would be silently ignored, like an unknown split
+            raise ConfigError(f"data.files.{split}.{extra[0]}: not a language of this corpus (it reads "
+                              f"{data.src_lang} and {data.tgt_lang})")
         pair = []
         for lang in (data.src_lang, data.tgt_lang):
             if not entry.get(lang):
