@@ -30,7 +30,7 @@ from nmtkit.modeldir import CONFIG, saved_decode
 from nmtkit.runtime.threads import configure_threads
 from nmtkit.storage.checksums import MANIFEST
 from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
-from nmtkit.storage.outputs import check_output_file, is_stream, open_output
+from nmtkit.storage.outputs import check_output_file, is_stream, names_descriptor, open_output
 from nmtkit.storage.partial import open_partial, partial_dir
 
 
@@ -156,21 +156,16 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
         raise ConfigError(f"--stream flushes each line as it is translated, but -o {output_path} is a file that "
                           f"appears whole at the end: leave out --stream (the run then resumes after a crash) "
                           f"or write to stdout")
-    if output_path is not None and output_path.is_file():
-        for what, read in (("input file", input_path), ("--prefix-file", side.prefix),
-                           ("--constraints file", side.constraints)):
-            if read is not None and Path(read).is_file() and os.path.samefile(read, output_path):
-                raise ConfigError(f"-o {output_path} is the {what}: the translation would replace the text it is "
-                                  f"made from; write it elsewhere")
+    check_output_is_not_read(model_dirs, input_path, output_path, side)
     guides = read_guides(model_dirs, options, side)
-    scan = None
+    scan = scan_state = None
     if input_path is not None:
         input_path = check_readable(input_path)
         if input_path.is_file():  # a pipe or device can be read only once: no count, no early check
             scan_state = _file_state(input_path)
             scan = scan_input(input_path, options.errors)
             side.check_count(guides, scan.lines, str(input_path))
-    streaming = options.stream or (sys.stdin.isatty() if input_path is None else _is_terminal(input_path))
+    streaming = options.stream or reads_a_terminal(input_path)
     resumable = scan is not None and output_path is not None and not is_stream(output_path) and not streaming
     if resumable:
         partial_dir(output_path)  # something in the way is refused before the model loads
@@ -182,8 +177,68 @@ def translate_file(model_dirs: Sequence[str], input_path: Optional[str | Path], 
     else:
         size = 1 if streaming else options.chunk_lines
         _translate_stream(translator, input_path, output_path, size, scan.lines if scan else None, side, guides,
-                          console)
+                          console, scan_state)
     warn_truncated(translator, console)
+
+
+def _identity(path: Optional[str | Path], stream: Optional[IO] = None) -> Optional[tuple[int, int]]:
+    """(device, inode) of the regular file at ``path``, or, with no path, of the one behind
+    ``stream``'s descriptor (a shell's ``< FILE`` or ``>> FILE``); None for anything else."""
+    try:
+        stats = os.stat(path) if path is not None else os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # gone, closed, or no descriptor (a test's StringIO)
+        return None
+    return (stats.st_dev, stats.st_ino) if stat.S_ISREG(stats.st_mode) else None
+
+
+def check_output_is_not_read(model_dirs: Sequence[str | Path], input_path: Optional[str | Path],
+                             output_path: Optional[Path], side: GuideFiles) -> None:
+    """Refuse an output (``output_path``, None: stdout) that is a file translate reads: the input
+    (stdin's file too), a side file, or a file of or a place in a model directory. Replaced, the
+    text or the model in use would be lost; appended to (``>> FILE``), the input would be read
+    back with its own translations, without end."""
+    where = "stdout" if output_path is None else f"-o {output_path}"
+    written = _identity(output_path, sys.stdout)
+    if written is not None:
+        for what, read, stream in (("input file", input_path, sys.stdin), ("--prefix-file", side.prefix, None),
+                                   ("--constraints file", side.constraints, None)):
+            if (read is not None or stream is not None) and _identity(read, stream) == written:
+                whose = "" if read is not None else " (stdin)"
+                if output_path is None:
+                    raise ConfigError(f"stdout is the {what}{whose}: the translation would be appended to the text "
+                                      f"it is made from and read again; send stdout elsewhere or give -o FILE")
+                raise ConfigError(f"-o {output_path} is the {what}{whose}: the translation would replace the text "
+                                  f"it is made from; write it elsewhere")
+    for model_dir in model_dirs:
+        directory = Path(model_dir)
+        if not directory.is_dir():
+            continue  # loading the model says what is wrong with it
+        if output_path is not None and not names_descriptor(output_path) and _same_file(output_path.parent, directory):
+            raise ConfigError(f"{where} is inside the model directory {model_dir}: the translation would be written "
+                              f"among the files of the model in use; write it elsewhere")
+        if written is not None:
+            for path in directory.iterdir():
+                if _identity(path) == written:
+                    raise ConfigError(f"{where} is {path}, a file of the model in use: the translation would destroy "
+                                      f"it; write it elsewhere")
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def reads_a_terminal(input_path: Optional[str | Path]) -> bool:
+    """Whether translate reads a terminal (stdin, ``-`` or a path such as ``/dev/tty``), which it
+    translates line by line, as ``--stream`` asks."""
+    if input_path is None or str(input_path) == "-":
+        try:
+            return sys.stdin is not None and sys.stdin.isatty()
+        except ValueError:  # closed
+            return False
+    return _is_terminal(Path(input_path))
 
 
 def _is_terminal(path: Path) -> bool:
@@ -201,25 +256,45 @@ def _is_terminal(path: Path) -> bool:
         os.close(fd)
 
 
+class _InputChanged(DataError):
+    """A file input that changed while it was streamed: its message says what was written."""
+
+
 def _translate_stream(translator: Translator, input_path: Optional[Path], output_path: Optional[Path], size: int,
-                      total: Optional[int], side: GuideFiles, guides: Optional[list[Guide]], console) -> None:
+                      total: Optional[int], side: GuideFiles, guides: Optional[list[Guide]], console,
+                      scan_state: Optional[tuple[int, int]] = None) -> None:
     """Translate ``input_path`` (None: stdin) into ``output_path`` (None: stdout), ``size`` lines
-    at a time, with the guides of its lines; the input must not run past or short of them."""
+    at a time, with the guides of its lines; the input must not run past or short of them. A file
+    input (``scan_state``: its size and mtime when scanned) is checked before each chunk is written
+    and at the end, so no chunk of a changed file is written and no line added to it is left out
+    silently, as ``_translate_resumably`` refuses such a file."""
     source = open(input_path, "rb") if input_path is not None else sys.stdin.buffer
     name = str(input_path) if input_path is not None else "<stdin>"
     done = [0]  # input lines translated and written
     guides_of = functools.partial(side.slice, guides)
+    where = "stdout" if output_path is None else str(output_path)
+    streams = output_path is None or is_stream(output_path)  # written as translated, not whole at the end
+
+    def unchanged() -> None:
+        if _file_state(input_path) != scan_state:
+            written = f"nothing was written to {where}" if done[0] == 0 or not streams else \
+                f"the {done[0]} line(s) translated before it changed were written to {where}"
+            raise _InputChanged(f"{input_path} changed while it was translated: {written}; run the command "
+                                f"again once the file is complete")
+
+    check = unchanged if scan_state is not None else None
     try:
         if output_path is None:
-            _stream(translator, source, name, sys.stdout.buffer, size, None, done, guides_of)
+            _stream(translator, source, name, sys.stdout.buffer, size, None, done, guides_of, check)
             side.check_count(guides, done[0], name)
         else:
             with open_output(output_path) as out, console.terminal_bar("translating", total, "lines") as advance:
-                _stream(translator, source, name, out, size, advance, done, guides_of)
+                _stream(translator, source, name, out, size, advance, done, guides_of, check)
                 side.check_count(guides, done[0], name)  # inside: a short file leaves no output
+    except _InputChanged:
+        raise
     except DataError as err:  # undecodable input met while streaming: say what the output holds
-        where = "stdout" if output_path is None else str(output_path)
-        if done[0] == 0 or (output_path is not None and not is_stream(output_path)):
+        if done[0] == 0 or not streams:
             raise DataError(f"{err}; nothing was written to {where}") from None
         raise DataError(f"{err}; the {done[0]} line(s) before it were translated and written to {where}") from None
     finally:
@@ -229,13 +304,20 @@ def _translate_stream(translator: Translator, input_path: Optional[Path], output
 
 def _stream(translator: Translator, source: IO[bytes], name: str, out: IO[bytes], size: int,
             progress: Optional[Callable[[int], None]], done: list[int],
-            guides_of: Callable[[int, int], Optional[list[Guide]]]) -> None:
+            guides_of: Callable[[int, int], Optional[list[Guide]]],
+            unchanged: Optional[Callable[[], None]] = None) -> None:
     """Translate ``source`` chunk by chunk into ``out``, counting finished lines in ``done[0]``;
-    ``guides_of(start, count)``: the guides of those lines (None: none)."""
+    ``guides_of(start, count)``: the guides of those lines (None: none); ``unchanged()`` raises
+    if the input changed, called before each chunk is written and after the last."""
     for index, chunk in enumerate(read_chunks(source, name, translator.options.errors, size)):
-        out.write(translate_chunk(translator, index, done[0], chunk, progress, guides_of(done[0], len(chunk))))
+        data = translate_chunk(translator, index, done[0], chunk, progress, guides_of(done[0], len(chunk)))
+        if unchanged is not None:
+            unchanged()
+        out.write(data)
         out.flush()
         done[0] += len(chunk)
+    if unchanged is not None:
+        unchanged()
 
 
 def _translate_resumably(translator: Translator, input_path: Path, output_path: Path, scan: InputScan, key: str,

@@ -126,6 +126,26 @@ def test_bad_numbers_are_refused_before_translating(models, monkeypatch, capsys,
     assert_error(code, err, 2, message)
 
 
+def test_lenpen_and_eos_at_limit_that_would_change_nothing_are_refused(models, monkeypatch, capsys):
+    """Greedy search and sampling choose the same pieces under any length penalty and EOS rule, so
+    without --scores or --nbest (which show and rank by scores) --lenpen and --eos-at-limit changed
+    nothing: given on the command line there, they are refused as other flags without effect are.
+    The model's own settings are not flags (SAVED holds both): its greedy search runs."""
+    greedy = ("changes nothing under greedy search (beam size 1) but the scores, which only --scores prints: add "
+              "--scores or leave it out")
+    sampled = ("changes nothing under --sample but the scores, which only --scores prints and --nbest ranks by: add "
+               "one of them or leave it out")
+    for flags, message in ((("-b", "1", "--lenpen", "2"), "--lenpen " + greedy),
+                           (("-b", "1", "--eos-at-limit", "scored"), "--eos-at-limit " + greedy),
+                           (("--sample", "--lenpen", "2"), "--lenpen " + sampled),
+                           (("--sample", "--eos-at-limit", "free"), "--eos-at-limit " + sampled)):
+        code, err = cli(monkeypatch, capsys, "translate", "-m", str(models["new"]), "-i", str(models["input"]), *flags)
+        assert assert_error(code, err, 2) == f"nmtkit: error: {message}"
+    for flags in (("-b", "2", "--lenpen", "2"), ("--lenpen", "2"), ("-b", "1", "--lenpen", "2", "--scores"),
+                  ("--sample", "--nbest", "2", "--eos-at-limit", "scored"), ("-b", "1")):
+        assert len(run_translate(monkeypatch, capsys, models["new"], models["input"], *flags)) >= 6, flags
+
+
 NUMERIC_FLAGS = ["--beam-size", "--lenpen", "--max-len-a", "--max-len-b", "--min-len", "--nbest", "--batch-tokens",
                  "--topk", "--topp", "--temperature", "--seed"]
 TEXTS = (st.integers(min_value=-(2**70), max_value=2**70).map(str) | st.floats().map(str)

@@ -6,6 +6,7 @@ CTranslate2 engine must equal the torch engine's, line for line.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,9 @@ from conftest import reversal_pairs, train_tiny
 from nmtkit.config import ModelConfig
 from nmtkit.decoding.translate import TranslateOptions, Translator, translate_lines
 from nmtkit.errors import ConfigError
+from nmtkit.translate_files import translate_file
 from support.cli import run_cli
+from support.text_io import quiet_console, write_lines
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -173,3 +176,83 @@ def test_ctranslate2_beam_search_chooses_at_the_length_limit_as_free_and_refuses
     with pytest.raises(ConfigError, match=CT2_EOS_AT_LIMIT):  # serve --max-beam 4: a request may ask for 4
         resolve_options(export, {"eos_at_limit": "scored", "beam_size": 1}, largest_beam=4)
     assert resolve_options(export, {}, largest_beam=4).eos_at_limit == "scored"  # the model's own: not a request
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, reversal_spm):
+    """A tiny trained model and its CTranslate2 export, for the tests below."""
+    root = tmp_path_factory.mktemp("exported")
+    model_dir = train_tiny(reversal_spm, root / "model", steps=60)
+    return model_dir, export_ctranslate2(model_dir, root / "ct2")
+
+
+def both_engines(exported, lines: list[str], **settings) -> tuple[list[str], list[str]]:
+    """``lines`` translated by the torch engine and by CTranslate2, under the same settings."""
+    from nmtkit.modeldir import load_model_dir
+
+    model_dir, export = exported
+    options = TranslateOptions(device="cpu", dtype="float32", **settings)
+    ours = translate_lines([load_model_dir(model_dir)], lines, options)
+    ct2_options = dataclasses.replace(options, engine="ctranslate2")
+    return ours, Translator(CT2Engine(export, ct2_options), ct2_options).translate(lines)
+
+
+def fields(outputs: list[str]) -> list[list[str]]:
+    return [row.split("\t") for output in outputs for row in output.split("\n")]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(beam_size=1, scores=True, max_len_a=0.0, max_len_b=2, min_len=5),  # a limit below --min-len
+    dict(beam_size=2, nbest=2, eos_at_limit="free", max_len_a=0.0, max_len_b=2, min_len=5),
+    dict(beam_size=1, scores=True, max_len_a=0.0, max_len_b=0),  # a limit of 0: only the forced EOS
+    dict(beam_size=1, scores=True, max_len_a=0.0, max_len_b=0, eos_at_limit="free"),
+    dict(sample=True, nbest=2, max_len_a=0.0, max_len_b=0),
+])
+def test_ctranslate2_decodes_at_short_length_limits_as_torch(exported, settings):
+    """A length limit below --min-len was a ValueError in CTranslate2 (the limit wins, as in our
+    search), and a limit of 0 printed 0.0000 where torch scores the forced EOS (and one sample
+    where --nbest asked for 2): the same outputs and scores now."""
+    lines = [s for s, _ in reversal_pairs(4, 6, length=5)] + [""]
+    ours, theirs = both_engines(exported, lines, **settings)
+    assert [row[-1] for row in fields(ours)] == [row[-1] for row in fields(theirs)]  # the texts
+    assert [float(row[-2]) for row in fields(ours)] == pytest.approx([float(row[-2]) for row in fields(theirs)],
+                                                                     abs=2e-3)
+
+
+def test_ctranslate2_samples_every_chunk_under_any_seed_and_a_resumed_run_alike(exported, tmp_path, monkeypatch):
+    """CTranslate2 takes an unsigned 32-bit seed: every chunk after the first (its seed a 63-bit
+    digest) and any --seed from 2 ** 32 raised TypeError. A chunk's seed is taken modulo 2 ** 32,
+    so a run killed between chunks resumes to the uninterrupted run's samples."""
+    _, export = exported
+    lines = [s for s, _ in reversal_pairs(6, 4, length=6)]
+    source, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
+    real = Translator.translate
+    for seed in (3, 2**40 + 3):
+        options = TranslateOptions(sample=True, seed=seed, chunk_lines=2, max_len_b=12, device="cpu",
+                                   dtype="float32", engine="ctranslate2")
+        translate_file([str(export)], str(source), str(out), options, quiet_console())
+        whole = out.read_bytes()
+        assert whole.count(b"\n") == len(lines)
+        calls = []
+
+        def crash_at_third_chunk(self, chunk, **kw):
+            calls.append(chunk)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real(self, chunk, **kw)
+
+        monkeypatch.setattr(Translator, "translate", crash_at_third_chunk)
+        with pytest.raises(KeyboardInterrupt):
+            translate_file([str(export)], str(source), str(out), options, quiet_console())
+        monkeypatch.setattr(Translator, "translate", real)
+        out.unlink()
+        translate_file([str(export)], str(source), str(out), options, quiet_console())  # resumes from chunk 2
+        assert out.read_bytes() == whole
+
+
+def test_ctranslate2_takes_a_top_k_past_the_vocabulary_as_torch_does(exported):
+    """--topk above the vocabulary keeps every piece, as --topk 0 does (CTranslate2 raised)."""
+    everything = both_engines(exported, [s for s, _ in reversal_pairs(5, 8, length=6)], sample=True, seed=4,
+                              nbest=2, max_len_b=12)
+    assert both_engines(exported, [s for s, _ in reversal_pairs(5, 8, length=6)], sample=True, seed=4, nbest=2,
+                        max_len_b=12, topk=10**6) == everything

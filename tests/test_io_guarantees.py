@@ -366,6 +366,61 @@ def test_translate_never_writes_over_its_side_files(tmp_path, model_dir):
     assert prefixes.read_text() == "\n\n" and source.read_text() == "the cat\na dog\n"
 
 
+def test_translate_never_writes_into_its_stdin_its_input_or_its_model(tmp_path, model_dir, monkeypatch, capsys):
+    """``< FILE -o FILE`` replaced its input; ``-i FILE >> FILE`` and ``< FILE >> FILE`` read their
+    own translations back without end; ``-o MODEL/model.safetensors`` destroyed the model in use.
+    Each is refused before the model loads, and no file changes. In this process, with real files
+    as stdin and stdout, as a shell's redirections give them."""
+    from conftest import options
+    from nmtkit.errors import ConfigError
+    from nmtkit.translate_files import translate_file
+    from support.text_io import quiet_console
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    source = tmp_path / "in.txt"
+    source.write_text("the cat\na dog\n")
+    weights = tmp_path / "weights"
+    os.link(model / "model.safetensors", weights)  # another name of a model file
+    before = tree(tmp_path)
+
+    def refused(input, output, stdin=os.devnull, stdout=os.devnull) -> str:
+        with open(stdin) as fake_stdin, open(stdout, "a") as fake_stdout, pytest.raises(ConfigError) as error:
+            monkeypatch.setattr(sys, "stdin", fake_stdin)
+            monkeypatch.setattr(sys, "stdout", fake_stdout)
+            translate_file([str(model)], input, output, options(), quiet_console())
+        monkeypatch.undo()
+        return str(error.value)
+
+    assert refused(None, str(source), stdin=source).startswith(f"-o {source} is the input file (stdin): ")
+    assert refused("-", str(source), stdin=source).startswith(f"-o {source} is the input file (stdin): ")
+    assert refused(str(source), None, stdout=source).startswith("stdout is the input file: the translation would "
+                                                                "be appended to the text it is made from")
+    assert refused(None, "-", stdin=source, stdout=source).startswith("stdout is the input file (stdin): ")
+    for output in (model / "model.safetensors", model / "new.txt"):
+        assert refused(str(source), str(output)).startswith(f"-o {output} is inside the model directory {model}: ")
+    assert refused(str(source), str(weights)) == (f"-o {weights} is {model / 'model.safetensors'}, a file of the "
+                                                  f"model in use: the translation would destroy it; write it elsewhere")
+    assert refused(str(source), None, stdout=model / "config.json").startswith(
+        f"stdout is {model / 'config.json'}, a file of the model in use")
+    assert tree(tmp_path) == before
+    with open(source) as stdin:  # the command line's one error line
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model), *FAST, "-o", str(source))
+    assert "is the input file (stdin)" in one_line(code, err)
+    assert tree(tmp_path) == before
+
+
+def test_a_file_without_write_permission_is_refused_even_to_root(tmp_path, monkeypatch, capsys):
+    """os.access lets root write anything, so root's -o once replaced a file of mode 0444."""
+    locked = tmp_path / "locked.txt"
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(tmp_path / "no-model"), "-o", str(locked))
+    assert "is read-only: nmtkit will not replace it" in one_line(code, err)
+    assert locked.read_text() == "keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["locked.txt"]
+
+
 @pytest.mark.parametrize("args, fragment", [
     (("--topk", "5"), "--topk applies to --sample only"),
     (("--temperature", "2"), "--temperature applies to --sample only"),
@@ -605,3 +660,32 @@ def test_an_input_that_changes_while_it_is_translated_writes_nothing(tmp_path, m
     monkeypatch.setattr(translate_files, "translate_chunk", translate_chunk)
     code, err = cli(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST, "-i", str(source), "-o", str(out))
     assert code == 0 and out.read_text().count("\n") == 3  # the same command, once the file is complete
+
+
+def test_an_input_that_changes_while_it_is_streamed_is_an_error(tmp_path, model_dir, monkeypatch, capsys):
+    """To stdout, a file that grew while it was translated gave the translations of its old lines,
+    exit 0. Now no chunk read after the change is written, and the one error line says what was."""
+    import nmtkit.translate_files as translate_files
+
+    lines = ["the cat sat", "a red dog", "the mat"]
+    first = translated(monkeypatch, capsys, "-m", str(model_dir), *FAST, input=lines[0] + "\n").decode("utf-8")
+    translate_chunk = translate_files.translate_chunk
+    for changed_at, written in ((2, "the 1 line(s) translated before it changed were written to stdout"),
+                                (1, "nothing was written to stdout")):
+        source = tmp_path / f"in{changed_at}.txt"
+        source.write_text("".join(line + "\n" for line in lines))
+        calls = []
+
+        def while_a_writer_appends(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == changed_at:
+                with open(source, "a") as handle:
+                    handle.write("one more line\n")
+            return translate_chunk(*args, **kwargs)
+
+        monkeypatch.setattr(translate_files, "translate_chunk", while_a_writer_appends)
+        code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), *FAST,
+                                        "--chunk-lines", "1", "-i", str(source))
+        assert one_line(code, err) == (f"nmtkit: error: {source} changed while it was translated: {written}; run "
+                                       f"the command again once the file is complete\n")
+        assert out == (first if changed_at == 2 else "")

@@ -197,3 +197,28 @@ def test_translate_and_serve_share_one_declaration_of_each_common_option():
     settings = [f.name for group in (cli_options.RunFlags, cli_options.DecodeFlags, cli_options.CallFlags)
                 for f in dataclasses.fields(group)]
     assert sorted(settings) == sorted(f.name for f in dataclasses.fields(TranslateOptions))
+
+
+def test_nbest_fillers_are_empty_even_under_a_prefix(loaded):
+    """The lines a search cannot fill have an empty text: under a --prefix-file they once carried
+    the prefix, as if something had been translated."""
+    from nmtkit.decoding.guides import Guide
+    from nmtkit.decoding.torch_engine import TorchEngine
+    from nmtkit.decoding.translate import Translator
+
+    settings = options(beam_size=3, nbest=3)
+    translator = Translator(TorchEngine.from_loaded(loaded, settings), settings)
+    out = translator.translate(["", "the cat"], guides=[Guide.of("la"), Guide.of("la")])
+    assert out[0] == "0\t0.0000\tla\n0\t-inf\t\n0\t-inf\t"  # the blank line is its prefix, the fillers nothing
+    assert [row.split("\t")[2][:2] for row in out[1].split("\n")] == ["la"] * 3
+
+
+def test_the_truncation_warning_names_the_limit_that_cut(loaded):
+    from support.text_io import recording_console
+
+    long_line = " ".join(["the big red dog"] * 30)
+    for settings, why in ((options(max_source_len=5), "longer than 5 pieces were truncated (--max-source-len 5)"),
+                          (options(), "longer than 64 pieces were truncated (the model's max_positions;")):
+        console, said = recording_console()
+        translate_lines(loaded, [long_line, "a dog"], settings, console)
+        assert f"1 input line(s) {why}" in " ".join(said.getvalue().split()), said.getvalue()

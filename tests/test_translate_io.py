@@ -75,6 +75,20 @@ def test_a_terminal_stdin_is_translated_line_by_line_without_the_flag(model_dir,
         assert out.getvalue().decode("utf-8") == "".join(t + "\n" for t in translate_lines(loaded, lines, options()))
 
 
+def test_a_terminal_refuses_the_chunk_and_worker_counts_it_cannot_use(model_dir, monkeypatch, capsys):
+    """A terminal is translated line by line, as --stream is: --chunk-lines and --workers above 1
+    were accepted there and ignored (--stream refused them)."""
+    from support.cli import assert_error, cli_in_process
+
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(isatty=lambda: True, buffer=io.BytesIO(b"the cat\n")))
+    for flags, name in ((("--chunk-lines", "5"), "--chunk-lines"), (("--workers", "2"), "--workers")):
+        code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), *FLAGS, *flags)
+        assert assert_error(code, err, 2) == (f"nmtkit: error: {name} does not apply to a terminal, whose lines are "
+                                              f"translated one by one as they are typed")
+    code, out, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model_dir), *FLAGS, "--workers", "1")
+    assert code == 0 and out.count("\n") == 1, err
+
+
 def test_a_crashed_translation_resumes_from_its_saved_chunks(tmp_path, model_dir, loaded, monkeypatch):
     lines = tiny_sentences(23, seed=7)
     source, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"

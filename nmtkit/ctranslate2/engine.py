@@ -16,6 +16,8 @@ Differences from the torch engine, by CTranslate2's design:
 - the length limit a * |x| + b is applied per batch (its longest sentence's) and outputs
   are then cut to their own limit, so a sentence that runs into its limit ends there
   without the EOS our search forces (its pieces are the same under greedy search).
+- sampling: CTranslate2 seeds a translator's worker thread once, at its first draw, so the model
+  is loaded again for each chunk after the first (``reseed``), whose seed is then its own.
 - one model only (no ensembles); ``--dtype`` picks CTranslate2's compute type
   (auto: the exported weights' type; int8 works from a float32 export too).
 - target prefixes are its ``target_prefix``; lexical constraints are refused, as
@@ -26,6 +28,7 @@ Differences from the torch engine, by CTranslate2's design:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from pathlib import Path
@@ -133,10 +136,11 @@ class CT2Engine:
 
             threads = torch.get_num_threads
         intra_threads = threads()
+        self.load = functools.partial(ctranslate2.Translator, str(model_dir), device=device, device_index=index,
+                                      compute_type=COMPUTE_TYPES[options.dtype], intra_threads=intra_threads)
+        self.drawn = False  # whether self.ct2 has sampled: see reseed
         try:
-            self.ct2 = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
-                                              compute_type=COMPUTE_TYPES[options.dtype],
-                                              intra_threads=intra_threads)
+            self.ct2 = self.load()
         except (RuntimeError, ValueError, OSError) as err:  # a damaged model.bin, config or vocabulary
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({first})") from None
@@ -152,9 +156,11 @@ class CT2Engine:
 
     def bind(self, o) -> dict:
         """The search settings of options ``o``, bound once (the length limit is per batch)."""
-        search = dict(sampling_topk=o.topk, sampling_topp=o.topp, sampling_temperature=o.temperature,
-                      beam_size=1) if o.sample else dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
-        return dict(max_input_length=0, min_decoding_length=o.min_len, length_penalty=o.lenpen,
+        # a top k past the vocabulary keeps every piece, as the torch engine's; CTranslate2 refuses it
+        search = dict(sampling_topk=min(o.topk, len(self.tgt_vocab)), sampling_topp=o.topp,
+                      sampling_temperature=o.temperature, beam_size=1) if o.sample else \
+            dict(beam_size=o.beam_size, num_hypotheses=o.nbest)
+        return dict(max_input_length=0, length_penalty=o.lenpen,
                     return_scores=True, return_end_token=True, suppress_sequences=self.never,
                     return_attention=o.alignments, **search,
                     # CTranslate2's batched attention differs in its last bits with the batch's
@@ -169,8 +175,13 @@ class CT2Engine:
         return other
 
     def reseed(self, seed: int) -> None:
-        """Restart sampling from ``seed`` (CTranslate2 keeps one generator per process)."""
-        import_ctranslate2().set_random_seed(seed)
+        """Restart sampling from ``seed``, taken modulo 2 ** 32 (CTranslate2's seed is an unsigned
+        32-bit number; ``chunk_seed`` gives 63 bits). CTranslate2 seeds a translator's worker thread
+        once, at its first draw, from the process's seed: a translator that has drawn is loaded
+        again, so that the seed reaches its draws (a resumed run then samples as one that ran through)."""
+        import_ctranslate2().set_random_seed(seed % 2**32)
+        if self.drawn:
+            self.ct2, self.drawn = self.load(), False
 
     def batch(self, sources: Sequence[Sequence[int]]) -> tuple[list[list[int]]]:
         """What ``search`` takes: the source ids as they are (no tensors, no torch)."""
@@ -184,17 +195,20 @@ class CT2Engine:
         o = self.options
         limits = [output_limit(seq, o.max_len_a, o.max_len_b, self.max_positions,
                                0 if prefixes is None else len(prefixes[b])) for b, seq in enumerate(ids)]
-        if max(limits) == 0:
-            return [[Hypothesis([], 0.0, 0.0)] for _ in ids]
         per = o.nbest if o.sample else 1  # CTranslate2 samples one hypothesis per input: repeat inputs
         pieces = [self.src_vocab.pieces(seq) for seq in ids for _ in range(per)]
-        target_prefix = None if prefixes is None else \
-            [self.tgt_vocab.pieces(prefix[:limit]) for prefix, limit in zip(prefixes, limits) for _ in range(per)]
-        results = self.ct2.translate_batch(pieces, target_prefix=target_prefix, max_decoding_length=max(limits),
-                                           **self.search_settings)
-        out = [[self._hypothesis(result, k, limit, len(ids[b]))
-                for result in results[b * per:(b + 1) * per] for k in range(len(result.hypotheses))]
-               for b, limit in enumerate(limits)]
+        if max(limits) == 0:  # nothing to search: every output is empty (its forced EOS scored below)
+            out = [[Hypothesis([], 0.0, 0.0) for _ in range(per)] for _ in ids]
+        else:
+            target_prefix = None if prefixes is None else \
+                [self.tgt_vocab.pieces(prefix[:limit]) for prefix, limit in zip(prefixes, limits) for _ in range(per)]
+            self.drawn = self.drawn or o.sample
+            # the length limit wins over min_len, as in our search (CTranslate2 refuses a minimum above it)
+            results = self.ct2.translate_batch(pieces, target_prefix=target_prefix, max_decoding_length=max(limits),
+                                               min_decoding_length=min(o.min_len, max(limits)), **self.search_settings)
+            out = [[self._hypothesis(result, k, limit, len(ids[b]))
+                    for result in results[b * per:(b + 1) * per] for k in range(len(result.hypotheses))]
+                   for b, limit in enumerate(limits)]
         if o.scores or o.nbest > 1:
             self._rescore(pieces[::per], out, limits)
         return [sorted(hyps, key=lambda h: -h.score) for hyps in out]

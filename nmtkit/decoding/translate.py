@@ -132,11 +132,12 @@ class Translator:
         score -inf."""
         o = self.options
         hyps = hyps or [Hypothesis([], 0.0, 0.0)]
+        found = len(hyps)
         if o.nbest > 1:
             hyps = hyps[:o.nbest] + [Hypothesis([], float("-inf"), float("-inf"))] * (o.nbest - len(hyps))
         fields = []
-        for hyp in hyps:
-            text = self.text(hyp, prefix)
+        for k, hyp in enumerate(hyps):
+            text = self.text(hyp, prefix) if k < found else ""  # a filler holds nothing, not even the prefix
             columns = [str(index), f"{hyp.score:.4f}", text] if o.nbest > 1 else \
                 [f"{hyp.score:.4f}", text] if o.scores else [text]
             if o.alignments:
@@ -209,7 +210,11 @@ def translate_lines(loaded_models: Sequence, lines: Sequence[str], options: Tran
 
 
 def warn_truncated(translator: Translator, console) -> None:
+    """One warning for every line cut so far, naming the limit that cut them: --max-source-len
+    where it set the limit, else the model's max_positions."""
     if translator.truncated and console is not None:
+        chosen = translator.options.max_source_len
+        why = f"--max-source-len {chosen}" if chosen == translator.input_limit else \
+            "the model's max_positions; --max-source-len sets it for a model without a position table"
         console.warn(f"{translator.truncated} input line(s) longer than {translator.input_limit} pieces were "
-                     f"truncated (the model's max_positions; --max-source-len sets it for a model without "
-                     f"a position table)")
+                     f"truncated ({why})")

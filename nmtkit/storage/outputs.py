@@ -7,7 +7,8 @@ Every command's ``-o`` follows the same rules:
   and the link itself stays;
 - a file output (translate, plot, attention) replaces a regular file atomically and is
   written directly, without a temporary file, to a character device (``/dev/null``) or a
-  named pipe; a directory there is an error;
+  named pipe; a directory there is an error, and so is a read-only file (one without write
+  bits too, which root could write);
 - a path naming an open file descriptor (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``,
   ``/proc/self/fd/N``) is written through that descriptor's file, appended to and never
   replaced: the shell's ``>> all.txt`` keeps what all.txt held, and a pipe stays a pipe;
@@ -87,7 +88,8 @@ def check_output_file(text: str | Path | None, option: str = "-o") -> Optional[P
         return None
     target = _target(text, option)
     kind, descriptor = _kind(target), names_descriptor(target)
-    if kind == "file" and not descriptor and not os.access(target, os.W_OK):
+    # no write bit is the owner's own refusal: root, whom os.access always lets write, is refused too
+    if kind == "file" and not descriptor and (not os.access(target, os.W_OK) or not target.stat().st_mode & 0o222):
         raise ConfigError(f"{option} {_where(text, target)} is read-only: nmtkit will not replace it; make it "
                           f"writable or choose another {option}")
     if kind in (None, "file", "character device", "named pipe") or (descriptor and kind != "directory"):
