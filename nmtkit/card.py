@@ -96,12 +96,37 @@ def data_summary(manifest_path: Path) -> dict:
 
 
 def _data_summary(manifest: dict, manifest_path: Path) -> dict:
-    tokens = manifest.get("tokens", {})
-    splits = {split: {"pairs": info.get("pairs"), **({"tokens": tokens[split]} if split in tokens else {})}
-              for split, info in manifest.get("splits", {}).items()}
-    cleaning = manifest.get("cleaning", {})
+    """The card's data part, every value it shows checked to be of the kind prepare writes
+    (TypeError naming the first that is not: the caller leaves the part out, saying why)."""
+    if not isinstance(manifest, dict):
+        raise TypeError("not a JSON object")
+    tokens, splits_in, cleaning = manifest.get("tokens", {}), manifest.get("splits", {}), manifest.get("cleaning", {})
+    for key, value in (("tokens", tokens), ("splits", splits_in), ("cleaning", cleaning)):
+        if not isinstance(value, dict):
+            raise TypeError(f"{key} must be a mapping, got {value!r}"[:200])
+    splits = {}
+    for split, info in splits_in.items():
+        if not isinstance(info, dict) or not _count(info.get("pairs"), none=True):
+            raise TypeError(f"splits.{split} must give a count of pairs, got {info!r}"[:200])
+        splits[split] = {"pairs": info.get("pairs")}
+        if split in tokens:
+            counts = tokens[split]
+            if not isinstance(counts, dict) or not all(_count(counts.get(side)) for side in ("src", "tgt")):
+                raise TypeError(f"tokens.{split} must give src and tgt counts, got {counts!r}"[:200])
+            splits[split]["tokens"] = {side: counts[side] for side in ("src", "tgt")}
+    if not all(_count(cleaning.get(key), none=True) for key in ("read", "kept")):
+        raise TypeError("cleaning.read and cleaning.kept must be counts")
     return {"manifest": str(manifest_path), "source": manifest.get("source"), "splits": splits,
             **({"train_read": cleaning["read"], "train_kept": cleaning.get("kept")} if "read" in cleaning else {})}
+
+
+def _count(value, none: bool = False) -> bool:
+    """A non-negative integer (or, with ``none``, null)."""
+    return (none and value is None) or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def recipe_settings(config: dict) -> dict:
@@ -136,7 +161,7 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
     meta = read_meta(model_dir)
     model_config_from_meta(meta, model_dir / "config.json")
     verify(model_dir, vocab_files(meta), CheckpointError)
-    card = basic_card(model_dir, meta)
+    card = basic_card(model_dir, meta, warn)
     run_dir = find_run_dir(model_dir)
     if run_dir is None:
         return card
@@ -160,7 +185,7 @@ def model_card(model_dir: str | Path, warn: Callable[[str], None] = lambda messa
     return card
 
 
-def basic_card(model_dir: Path, meta: dict) -> dict:
+def basic_card(model_dir: Path, meta: dict, warn: Callable[[str], None] = lambda message: None) -> dict:
     """What a model's own metadata (config.json, or an export's nmtkit.json) tells."""
     from nmtkit.data.mapped_vocab import load_vocabs
     from nmtkit.modeldir import saved_decode
@@ -181,13 +206,27 @@ def basic_card(model_dir: Path, meta: dict) -> dict:
         "target_languages": src_vocab.target_languages(),
         # an imported model: where it came from (nmtkit/pretrained/)
         **({"imported_from": meta["imported_from"]} if isinstance(meta.get("imported_from"), dict) else {}),
-        "checkpoint": {k: meta[k] for k in ("step", *SCORES, "averaged_from") if k in meta},
+        "checkpoint": _saved_at(model_dir, meta, warn),
         # a fine-tuned model: the model directory its training started from (training/init_from.py)
         **({"init_from": meta["init_from"]} if isinstance(meta.get("init_from"), dict) else {}),
         # what `translate -m` uses unless flags say otherwise; "defaults" for a model saved without them
         "decode": {**dataclasses.asdict(saved_decode(meta, model_dir)), "from": _decode_origin(meta)},
         "nmtkit_version": meta.get("nmtkit_version"),
     }
+
+
+def _saved_at(model_dir: Path, meta: dict, warn: Callable[[str], None]) -> dict:
+    """The step, dev scores and averaged checkpoints a model was saved with; a value of another
+    kind (a hand-edited or foreign config) is left out, said through ``warn``."""
+    kinds = {"step": ("a count", _count), "averaged_from": ("a list of checkpoint names", lambda v: isinstance(
+        v, list) and all(isinstance(name, str) for name in v)), **{k: ("a number", _number) for k in SCORES}}
+    saved = {}
+    for key, (kind, fits) in kinds.items():
+        if key in meta and fits(meta[key]):
+            saved[key] = meta[key]
+        elif key in meta:
+            warn(f"{model_dir}: its {key} is not {kind} ({str(meta[key])[:80]}): left out of the card")
+    return saved
 
 
 def _decode_origin(meta: dict) -> str:
@@ -201,7 +240,8 @@ def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
     """A CTranslate2 export's card: its source model's (training, data, recipe) while that
     directory exists, else what the export's metadata tells; plus how it was exported."""
     from nmtkit.ctranslate2.engine import read_export_meta
-    from nmtkit.modeldir import CONFIG
+    from nmtkit.ctranslate2.export import META as EXPORT_META
+    from nmtkit.modeldir import CONFIG, model_config_from_meta
 
     meta = read_export_meta(export_dir)  # verified against the export's checksums.json
     source = Path(meta.get("source_model", ""))
@@ -215,7 +255,13 @@ def export_card(export_dir: Path, warn: Callable[[str], None]) -> dict:
         if not isinstance(current, dict) or current.get("weights_sha256") != meta["source_weights_sha256"]:
             warn(f"{source} holds other weights than were exported: showing the export's own metadata")
             exported_from_model = False
-    card = model_card(source, warn) if exported_from_model else basic_card(export_dir, meta)
+    if not exported_from_model:
+        if not isinstance(meta.get("model"), dict):
+            gone = f"its source model {source} is gone" if meta.get("source_model") else "it names no source model"
+            raise CheckpointError(f"{export_dir}: its {EXPORT_META} holds no model config and {gone}: nothing tells "
+                                  f"what model it is; export the model again")
+        model_config_from_meta(meta, export_dir / EXPORT_META)
+    card = model_card(source, warn) if exported_from_model else basic_card(export_dir, meta, warn)
     card["model_dir"] = str(export_dir)
     card["export"] = {k: meta.get(k) for k in ("format", "ctranslate2_version", "quantization", "source_model")}
     return card
@@ -291,7 +337,7 @@ def print_card(card: dict, file=None) -> None:
 
 def _text(value: Any) -> str:
     """A card value for the table: thousands separators, short floats, best-of dicts."""
-    if isinstance(value, dict) and "score" in value:
+    if isinstance(value, dict) and set(value) == {"score", "step"} and _count(value["step"]):
         return f"{_text(value['score'])} at step {value['step']:,}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_text(v) for v in value)

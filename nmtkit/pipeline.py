@@ -157,11 +157,13 @@ def run_recipe(cfg: Config, console) -> dict:
     from nmtkit.data.prepare import prepare
     from nmtkit.runtime.allocator import hand_back_freed_memory
     from nmtkit.scoring.report import score_all
+    from nmtkit.training.startup import check_run_dir
     from nmtkit.training.trainer import train
 
     started = time.perf_counter()
     score_options = eval_options(cfg)  # a tokenizer or COMET that cannot run here: found before any work
     refuse_foreign_results(cfg)
+    check_run_dir(WorkDir.of(cfg).run.path)  # a train/ it did not make: refused before prepare's minutes
     console.rule("[bold]1/4 prepare")
     prepare(cfg, console)
     console.rule("[bold]2/4 train")

@@ -74,10 +74,12 @@ def check_resume_settings(cfg, run_dir: Path, console) -> None:
     if old_model != json.loads(json.dumps(now["model"])):
         changed = sorted(k for k in now["model"] if old_model.get(k) != now["model"][k])
         raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
-                          f"use --restart to train a new model")
+                          f"use --restart to train a new model (`nmtkit train RECIPE --restart`)")
     for section in ("train", "vocab", "data"):  # data: what resume may change is corpus weights
         old, new = saved_section(saved, section, cfg), json.loads(json.dumps(now[section]))
         for key in sorted(new):
+            if section == "train" and key == "init_from" and new[key]:
+                continue  # a new run's start: training/startup.py refuses it when it is not this run's
             if old.get(key) != new[key]:
                 console.warn(f"resuming with {section}.{key} = {new[key]!r} (was {old.get(key)!r})")
 

@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,13 +74,22 @@ def test_resume_survives_a_torn_metrics_line_and_leftover_temp_files(reference, 
     recipe = make_task(tmp_path, prepared_from=ref_dir, max_steps=12)
     train_to_end(recipe)
     run_dir = tmp_path / "train"
+    from nmtkit.storage.files import _HOST, sibling_name
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # the killed trainer: its pid names its leftovers
+    gone.wait()
+
+    def left(path: Path, kind: str = "") -> Path:
+        return path.with_name(f"{sibling_name(path, kind + _HOST)}-{gone.pid}-0a1b2c3d4e5f" + ("" if kind else ".tmp"))
+
     with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
         handle.write('{"type": "train", "step": 13, "lo')
-    (run_dir / "checkpoints" / ".step_00000013.x1y2z3ab").mkdir()
-    (run_dir / "checkpoints" / ".step_00000013.x1y2z3ab" / "model.safetensors").write_bytes(b"half")
-    (run_dir / ".metrics.jsonl.abc.tmp").write_text("partial")
-    shutil.copytree(run_dir / "checkpoints" / "step_00000012", run_dir / "checkpoints" / ".step_00000009.deleting")
-    os.replace(run_dir / "best", run_dir / ".best.old")
+    half = left(run_dir / "checkpoints" / "step_00000013")
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"half")
+    left(run_dir / "metrics.jsonl").write_text("partial")
+    shutil.copytree(run_dir / "checkpoints" / "step_00000012", left(run_dir / "checkpoints" / "step_00000009"))
+    os.replace(run_dir / "best", left(run_dir / "best", "old-"))
     recipe.write_text(recipe.read_text().replace("max_steps: 12", f"max_steps: {MAX_STEPS}"))
     train_to_end(recipe)
     assert_same_final_state(ref_state, final_state(run_dir))
@@ -161,3 +172,196 @@ def test_resume_on_a_changed_dev_set_starts_the_best_score_afresh(tmp_path, monk
     assert "the dev set changed since step 4 scored the best" in " ".join(resumed.split())
     state = json.loads((tmp_path / "train" / "checkpoints" / "step_00000008" / "trainer.json").read_text())
     assert state["trainer"]["best_step"] == 8 and len(state["trainer"]["dev_sha256"]) == 64
+
+
+# --- resume rules that need no kill: each session in this process ----------------------------
+
+def session(recipe: Path, **train) -> tuple[str, int]:
+    """One ``train`` session of ``recipe`` with ``train`` overrides, in this process: (what its
+    console printed, the exit code: 0, or that of the one-line error it stopped with)."""
+    from nmtkit.config import from_dict
+    from nmtkit.errors import NmtkitError
+    from nmtkit.training.trainer import train as run_train
+    from support.text_io import recording_console
+
+    settings = yaml.safe_load(recipe.read_text())
+    settings["train"].update(train)
+    console, text = recording_console()
+    try:
+        run_train(from_dict(settings), console)
+    except NmtkitError as err:
+        return f"{text.getvalue()}error: {err}\n", err.exit_code
+    return text.getvalue(), 0
+
+
+def records(run_dir: Path) -> list[dict]:
+    from support.resume import TIMING_FIELDS
+
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def saved_step(model_dir: Path) -> int:
+    return json.loads((model_dir / "config.json").read_text())["step"]
+
+
+@pytest.mark.parametrize("model", [{}, {"moe_experts": 2, "moe_top_k": 1, "moe_z_weight": 0.001}], ids=["dense", "moe"])
+def test_the_first_record_after_a_resume_averages_what_an_uninterrupted_runs_does(tmp_path, monkeypatch, model):
+    """log_every 10 with save_every 5: a run resumed from step 15 logs step 20 over updates
+    11-20 (loss, nll, ppl, router statistics), as the uninterrupted run did, not over 16-20.
+    A newest checkpoint removed (as a kill just before it was written leaves things) makes
+    step 15 the one resumed from; the best/ of step 20 goes with it, and comes back."""
+    from nmtkit.modeldir import WEIGHTS, read_weights
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    recipe = make_task(tmp_path, max_steps=20)
+    settings = yaml.safe_load(recipe.read_text())
+    settings["model"].update(model)
+    settings["train"].update(save_every=5, log_every=10, validate_every=10, keep_last=3, ema_decay=0.0)
+    recipe.write_text(yaml.safe_dump(settings))
+    run_dir = tmp_path / "train"
+    assert session(recipe)[1] == 0
+    uninterrupted, best = records(run_dir), read_weights(run_dir / "best" / WEIGHTS)
+    assert [r["step"] for r in uninterrupted if r["type"] == "train"] == [10, 20]
+    assert ("moe_load" in uninterrupted[-2]) == bool(model)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000020")
+    printed, code = session(recipe)
+    assert code == 0 and "resumed from step_00000015" in printed
+    assert f"removed {run_dir / 'best'} (step 20): it is past the checkpoint the run resumes from (step 15)" in printed
+    assert records(run_dir) == uninterrupted
+    again = read_weights(run_dir / "best" / WEIGHTS)
+    assert again.keys() == best.keys() and all(torch.equal(again[k], best[k]) for k in best)
+
+
+def test_best_is_staged_until_the_checkpoint_of_its_step_is_saved(tmp_path, monkeypatch):
+    """A validation at step 15 and a kill before the checkpoint of step 20: best/ is still the
+    best of the checkpoint the run resumes from (step 10), and the staged step-15 model goes
+    when the run resumes from step 10 with other settings, so best/ never tells of an update
+    the finished run never made."""
+    from nmtkit.training import trainer
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    recipe = make_task(tmp_path, max_steps=20)
+    settings = yaml.safe_load(recipe.read_text())
+    settings["train"].update(save_every=10, validate_every=5, log_every=5, keep_last=3)
+    recipe.write_text(yaml.safe_dump(settings))
+    run_dir = tmp_path / "train"
+    real_step = trainer.Trainer._step
+
+    def killed_at_16(self, *args):
+        if self.state.step == 16:
+            raise KeyboardInterrupt  # no checkpoint saved, as after kill -9
+        return real_step(self, *args)
+
+    monkeypatch.setattr(trainer.Trainer, "_step", killed_at_16)
+    with pytest.raises(KeyboardInterrupt):
+        session(recipe)
+    monkeypatch.undo()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    state = json.loads((run_dir / "checkpoints" / "step_00000010" / "trainer.json").read_text())["trainer"]
+    assert newest_step(run_dir) == 10 and state["best_step"] == 10
+    assert saved_step(run_dir / "best") == 10
+    assert saved_step(run_dir / ".best.nmtkit-staged") == 15  # validated, not yet checkpointed
+    printed, code = session(recipe, max_steps=12)
+    assert code == 0, printed
+    assert saved_step(run_dir / "best") in (10, 12) and not (run_dir / ".best.nmtkit-staged").exists()
+
+
+def test_a_no_op_session_leaves_the_run_config_alone(tmp_path, monkeypatch):
+    """A finished run trains nothing more: the settings it was given were never used, so
+    RUN_DIR/config.yaml (which `info` shows and resume compares) keeps those it trained with."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    recipe = make_task(tmp_path, max_steps=4)
+    assert session(recipe)[1] == 0
+    config = (tmp_path / "train" / "config.yaml").read_bytes()
+    metrics = (tmp_path / "train" / "metrics.jsonl").read_bytes()
+    printed, code = session(recipe, lr=50)
+    assert code == 0 and "training already finished at step 4" in printed
+    assert (tmp_path / "train" / "config.yaml").read_bytes() == config
+    assert (tmp_path / "train" / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_init_from_is_refused_on_a_run_that_resumes(tmp_path, monkeypatch):
+    """train.init_from picks a new run's first weights: added to (or changed on) a run that
+    resumes from its own checkpoints it would be accepted and ignored. The same init_from
+    again, or none, resumes; with or without RUN_DIR/config.yaml."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    recipe = make_task(tmp_path, max_steps=2)
+    assert session(recipe)[1] == 0
+    model = tmp_path / "train" / "checkpoints" / "step_00000002"
+    for config in (True, False):
+        if not config:
+            (tmp_path / "train" / "config.yaml").unlink()
+        printed, code = session(recipe, max_steps=4, init_from=str(model))
+        assert code == 2 and printed.splitlines()[-1] == (
+            f"error: train.init_from={model}: init_from applies only to a new run; this one resumes from its own "
+            f"checkpoints in {tmp_path / 'train'} (started from scratch); use --restart to start a new run from it "
+            f"(`nmtkit train RECIPE --restart`)"), printed
+        assert newest_step(tmp_path / "train") == 2
+    fine = tmp_path / "fine"
+    fine.mkdir()
+    tuned = make_task(fine, prepared_from=tmp_path, max_steps=2)
+    assert session(tuned, init_from=str(model))[1] == 0  # a new run from those weights
+    for config in (True, False):
+        if not config:
+            (fine / "train" / "config.yaml").unlink()
+        printed, code = session(tuned, init_from=str(model), max_steps=4 if config else 6)
+        assert code == 0 and "resumed from" in printed, printed
+
+
+def test_a_model_that_differs_from_the_checkpoints_is_refused_without_the_run_config(tmp_path, monkeypatch):
+    """RUN_DIR/config.yaml gone, the checkpoint's own config.json says which model it holds:
+    model.ffn gelu on a relu model keeps every shape, and was trained on as if it were one."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    recipe = make_task(tmp_path, max_steps=2)
+    assert session(recipe)[1] == 0
+    (tmp_path / "train" / "config.yaml").unlink()
+    settings = yaml.safe_load(recipe.read_text())
+    settings["model"]["ffn"] = "gelu"
+    recipe.write_text(yaml.safe_dump(settings))
+    printed, code = session(recipe, max_steps=4)
+    assert code == 2 and printed.splitlines()[-1] == (
+        f"error: the recipe's model differs from the one {tmp_path / 'train' / 'checkpoints' / 'step_00000002'} "
+        f"holds (model.ffn ('relu' there, 'gelu' here)); use --restart to train a new model "
+        f"(`nmtkit train RECIPE --restart`)"), printed
+    assert newest_step(tmp_path / "train") == 2
+
+
+def test_auto_threads_stay_those_the_run_started_with(tmp_path, monkeypatch):
+    """The weights depend on the thread count: with train.threads 0 a resumed run goes on with
+    the count its first session chose for the load then, saying so when the load now would
+    choose another; an explicit other count is used, with a warning that the run is no longer
+    exact."""
+    from nmtkit.runtime import threads
+    from nmtkit.training import trainer
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    load = {"busy": 0.0}
+    monkeypatch.setattr(threads, "busy_cores_of_others", lambda cpus: load["busy"])
+    monkeypatch.setattr(threads, "_pool", threads._Pool())
+    used = []
+    real_step = trainer.Trainer._step
+    monkeypatch.setattr(trainer.Trainer, "_step", lambda self, *a: used.append(torch.get_num_threads()) or
+                        real_step(self, *a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        recipe = make_task(tmp_path, max_steps=2)
+        assert session(recipe)[1] == 0
+        load["busy"] = 1.0  # another process keeps one of the two cores busy now
+        printed, code = session(recipe, max_steps=4)
+        assert code == 0 and ("other processes keep 1.0 of 2 cores busy: this run goes on with the 2 thread(s) it "
+                              "started with, so that it resumes exactly") in printed, printed
+        assert threads_of(tmp_path / "train", 4) == 2
+        printed, code = session(recipe, max_steps=6, threads=1)
+        assert code == 0 and ("train.threads=1: training with 1 thread(s) where this run trained with 2; the weights "
+                              "depend on the count, so the run no longer resumes exactly") in " ".join(printed.split())
+    finally:
+        torch.set_num_threads(before)
+    assert used == [2, 2, 2, 2, 1, 1]
+    assert threads_of(tmp_path / "train", 6) == 1  # the count used from now on
+
+
+def threads_of(run_dir: Path, step: int) -> int:
+    return json.loads((run_dir / "checkpoints" / f"step_{step:08d}" / "trainer.json").read_text())["trainer"]["threads"]

@@ -166,3 +166,24 @@ def test_a_damaged_data_record_is_said_and_rewritten(tmp_path, prepared, monkeyp
     assert f"warning: {record} is damaged: the prepared data is not compared with what the run started on" in \
         " ".join(err.split())
     assert record.read_text() == intact  # recorded again from the data the run resumed on
+
+
+def test_a_changed_vocabulary_is_named_as_such_not_as_damaged_checkpoints(tmp_path, monkeypatch, capsys):
+    """`run` with another vocab.size re-prepares, then its training finds the data changed before
+    it reads any checkpoint (they are sound, only of another shape); without the data record
+    the shapes say it, as a settings change. Each refusal names a command that exists."""
+    recipe = files_recipe(tmp_path, reversal_pairs(120, 0, 5))
+    assert cli(monkeypatch, capsys, "-q", "run", str(recipe))[0] == 0
+    run_dir = tmp_path / "work" / "train"
+    code, err = cli(monkeypatch, capsys, "run", str(recipe), "vocab.size=20")
+    assert_error(code, err, 2, f"the prepared data changed since the run in {run_dir} started (SentencePiece model "
+                               f"spm.model was retrained", "use --restart to start over (`nmtkit train RECIPE "
+                               f"--restart`: the old run is moved aside, not deleted)")
+    assert "damaged" not in err
+    (run_dir / "data.json").unlink()  # a run of an nmtkit that kept no data record
+    code, err = cli(monkeypatch, capsys, "train", str(recipe), "vocab.size=20", "train.max_steps=4")
+    assert_error(code, err, 2, f"{run_dir / 'checkpoints' / 'step_00000002'}: ", "the model or vocabulary settings "
+                               f"changed since the run in {run_dir} started; use --restart to train a new model "
+                               f"(`nmtkit train RECIPE --restart`)")
+    assert "damaged" not in err
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000002"]

@@ -175,3 +175,26 @@ def test_export_replaces_only_its_own_directories(tmp_path, tiny_spm, monkeypatc
     assert code == 2 and "nmtkit replaces only" in err and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     code, _, err = cli_in_process(monkeypatch, capsys, *args, "--quantization", "int8")
     assert code == 2 and "--quantization is for --format ctranslate2" in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "deep"])
+def test_a_hostile_export_record_in_the_output_is_refused_in_one_line(tmp_path, tiny_spm, monkeypatch, capsys, kind):
+    """A named pipe as nmtkit-marian.json would wait for a writer forever; '[' 200,000 times
+    deep would raise RecursionError: either way the directory is not an export of ours."""
+    import os
+
+    from nmtkit.pretrained.marian_export import META
+
+    native_model(tmp_path, tiny_spm)
+    out = tmp_path / "out"
+    out.mkdir()
+    if kind == "fifo":
+        os.mkfifo(out / META)
+    else:
+        (out / META).write_text("[" * 200000)
+    code, _, err = cli_in_process(monkeypatch, capsys, "export", str(tmp_path / "native"), "--format", "marian",
+                                  "-o", str(out))
+    assert (code, err) == (2, f"nmtkit: error: -o {out} exists and is not a MarianMT export of nmtkit (no readable "
+                              f"{META}): nmtkit replaces only a directory it wrote; choose another -o or move it "
+                              f"away\n")
+    assert [p.name for p in out.iterdir()] == [META]

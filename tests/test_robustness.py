@@ -240,6 +240,7 @@ def test_a_kill_inside_replace_directory_never_costs_the_old_copy(tmp_path, monk
     the next write's stale-temp cleaning leaves alone, even after its process has died."""
     from nmtkit.storage import files
 
+    monkeypatch.setattr(files, "_exchange", lambda a, b: False)  # the two-rename path, where renameat2 is missing
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.txt").write_text("old model\n")

@@ -194,13 +194,23 @@ def test_average_of_checkpoints(prepared_task, tmp_path):
     one, two = (load_model_dir(d).model.state_dict() for d in dirs)
     name = "encoder.0.ffn.fc_in.weight"
     torch.testing.assert_close(avg[name], (one[name] + two[name]) / 2)
-    early = load_model_dir(average_checkpoints(tmp_path / "train", 2, tmp_path / "upto", upto=25)).model.state_dict()
+    warnings = []
+    early = load_model_dir(average_checkpoints(tmp_path / "train", 3, tmp_path / "upto", warn=warnings.append,
+                                               upto=20)).model.state_dict()
     first, second = (load_model_dir(d).model.state_dict() for d in checkpoint_dirs(tmp_path / "train")[:2])
     torch.testing.assert_close(early[name], (first[name] + second[name]) / 2)  # steps 10 and 20
+    assert warnings == [f"--last 3: {tmp_path / 'train' / 'checkpoints'} holds only 2 checkpoint(s) up to step 20 "
+                        f"(step_00000010 to step_00000020); averaging those 2"]
     from nmtkit.errors import CheckpointError
 
-    with pytest.raises(CheckpointError, match="--upto 5: the first checkpoint"):
-        average_checkpoints(tmp_path / "train", 2, tmp_path / "none", upto=5)
+    for upto in (5, 25):  # not a saved step: refused, not the average up to the step before it
+        with pytest.raises(CheckpointError) as refused:
+            average_checkpoints(tmp_path / "train", 2, tmp_path / "none", upto=upto)
+        assert str(refused.value) == (
+            f"--upto {upto}: no checkpoint of step {upto}; {tmp_path / 'train' / 'checkpoints'} holds 3 checkpoint(s) "
+            f"(step_00000010 to step_00000030): give one of their steps (a run keeps its last train.keep_last "
+            f"checkpoints)")
+    assert not (tmp_path / "none").exists()
 
 
 def test_dry_run_and_unknown_key_via_cli(prepared_task, tmp_path):
@@ -283,3 +293,54 @@ def test_patience_stops_training_after_that_many_validations_without_improvement
     shutil.copytree(prepared_task / "prepared", tmp_path / "never" / "prepared")
     _train(tmp_path / "never", max_steps=8, validate_every=2, save_every=2, log_every=2, patience=0)
     assert latest_checkpoint(tmp_path / "never" / "train").trainer.step == 8  # patience 0: never stops early
+
+
+def fake_run(root, model_dir, steps):
+    """A run directory whose checkpoints are copies of ``model_dir`` (averaging reads model dirs only)."""
+    import shutil
+
+    for step in steps:
+        shutil.copytree(model_dir, root / "checkpoints" / f"step_{step:08d}")
+    return root
+
+
+def test_average_refuses_checkpoints_over_another_vocabulary(tmp_path, model_dir):
+    """Same architecture and shapes, another SentencePiece model: id 7 means another piece in
+    each, so their average is no model."""
+    from conftest import tiny_sentences
+    from nmtkit.data.vocab import train_spm
+    from nmtkit.errors import CheckpointError
+    from nmtkit.storage.checksums import write_manifest
+    from nmtkit.training.checkpoint import average_checkpoints
+
+    run = fake_run(tmp_path / "run", model_dir, (10, 20))
+    other = run / "checkpoints" / "step_00000010"
+    train_spm([s.upper() for s in tiny_sentences(600, seed=5)], other / "spm.model", vocab_size=40)
+    write_manifest(other, [p.name for p in other.iterdir() if p.name != "checksums.json"])
+    with pytest.raises(CheckpointError) as refused:
+        average_checkpoints(run, 2)
+    assert str(refused.value) == (f"{other} has another vocabulary than step_00000020 (other SentencePiece models or "
+                                  f"id maps); average checkpoints of one run")
+    assert not (run / "averaged").exists()
+
+
+def test_a_checkpoint_pruned_while_average_reads_it_is_said_to_have_vanished(tmp_path, model_dir, monkeypatch):
+    import shutil
+
+    import nmtkit.training.checkpoint as checkpoint
+    from nmtkit.errors import CheckpointError
+
+    run = fake_run(tmp_path / "run", model_dir, (10, 20))
+    real = checkpoint.read_model_weights
+
+    def pruned_meanwhile(path, meta):  # a training's prune_checkpoints got there first
+        if path.name == "step_00000010":
+            shutil.rmtree(path)
+        return real(path, meta)
+
+    monkeypatch.setattr(checkpoint, "read_model_weights", pruned_meanwhile)
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint.average_checkpoints(run, 2)
+    assert str(refused.value) == (f"{run / 'checkpoints' / 'step_00000010'} vanished while being read: a training of "
+                                  f"this run is pruning its old checkpoints (train.keep_last); average again, or once "
+                                  f"it has finished")

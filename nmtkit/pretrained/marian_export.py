@@ -22,8 +22,8 @@ from typing import Optional
 import torch
 
 from nmtkit.storage.checksums import MANIFEST, write_manifest
-from nmtkit.errors import ConfigError
-from nmtkit.storage.files import atomic_write_text, replace_directory, temp_beside
+from nmtkit.errors import ConfigError, NmtkitError
+from nmtkit.storage.files import atomic_write_text, read_regular, replace_directory, temp_beside
 from nmtkit.pretrained.marian_layout import ACTIVATION_NAMES, ADDED_PAD
 from nmtkit.pretrained.marian_weights import to_marian
 from nmtkit.specials import BOS, EOS, PAD, UNK
@@ -159,10 +159,10 @@ def _write_json(path: Path, value: dict) -> None:
 
 def export_dir_problem(path: Path) -> Optional[str]:
     """Why ``path`` is not a MarianMT export nmtkit wrote (None: it is one, so -o may replace it)."""
-    try:
-        meta = json.loads((path / META).read_text(encoding="utf-8"))
+    try:  # a regular file of a record's size (a named pipe there would wait forever), parsed within depth
+        meta = json.loads(read_regular(path / META, error=ConfigError).decode("utf-8"))
         assert meta["format"] == "marian"
-    except (OSError, ValueError, TypeError, KeyError, AssertionError):
+    except (NmtkitError, ValueError, TypeError, KeyError, AssertionError, RecursionError):
         return f"is not a MarianMT export of nmtkit (no readable {META})"
     for entry in sorted(path.iterdir()):
         if entry.name not in FILES or entry.is_symlink() or not entry.is_file():

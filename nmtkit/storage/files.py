@@ -19,7 +19,6 @@ import secrets
 import shutil
 import socket
 import stat
-import tempfile
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -63,14 +62,39 @@ def remove_stale_temps(path: Path) -> list[Path]:
     machine left behind; return them."""
     prefix = _temp_prefix(path)
     pattern = re.compile(re.escape(prefix) + r"(\d+)-\w+\.tmp$")
+    candidates = path.parent.glob(f"{glob.escape(prefix)}*.tmp") if path.parent.is_dir() else []
+    return _remove_stale(candidates, pattern)
+
+
+_ANY_TEMP = re.compile(r"^\..+\.nmtkit-" + re.escape(_HOST) + r"-(\d+)-[0-9a-f]+\.tmp$")
+
+
+def remove_stale_temps_in(directory: Path) -> list[Path]:
+    """``remove_stale_temps`` for every name in ``directory``: the temporary files and
+    directories a dead nmtkit process of this user on this machine left there, whatever
+    they were to become; return them."""
+    directory = Path(directory)
+    return _remove_stale(directory.iterdir() if directory.is_dir() else [], _ANY_TEMP)
+
+
+def _stale(candidate: Path, pid: int) -> bool:
+    """Whether ``candidate``, named by process ``pid`` of this machine, is a dead process's
+    leftover of this user (and not ours, still in use)."""
+    if pid == os.getpid() or _running(pid):
+        return False
+    try:
+        return candidate.lstat().st_uid == os.geteuid()
+    except FileNotFoundError:
+        return False
+
+
+def _remove_stale(candidates: Iterable[Path], pattern: re.Pattern) -> list[Path]:
     removed = []
-    for candidate in path.parent.glob(f"{glob.escape(prefix)}*.tmp") if path.parent.is_dir() else []:
+    for candidate in candidates:
         match = pattern.match(candidate.name)
-        if not match or int(match.group(1)) == os.getpid() or _running(int(match.group(1))):
+        if not match or not _stale(candidate, int(match.group(1))):
             continue
         with contextlib.suppress(FileNotFoundError):  # another cleaner was first
-            if candidate.lstat().st_uid != os.geteuid():
-                continue
             if candidate.is_dir() and not candidate.is_symlink():
                 shutil.rmtree(candidate)
             else:
@@ -194,20 +218,77 @@ def _lock_holder(lock_file: Path) -> str:
 
 def replace_directory(tmp: Path, out_dir: Path) -> None:
     """Move the finished directory ``tmp`` to ``out_dir``, replacing what is there (the caller
-    has checked it may) with two renames: ``out_dir`` -> ``.NAME.old``, ``tmp`` -> ``out_dir``.
-    A kill in between leaves the complete old copy as ``.NAME.old`` (a training run moves it
-    back on resume). A ``.NAME.old`` that is already there is not ours to remove: the old copy
-    then goes to a fresh ``.NAME.nmtkit-old-RANDOM`` instead, a name that stale-temp cleaning
-    never removes (a kill must not cost the old copy)."""
-    if not out_dir.exists():
+    has checked it may). Where the kernel can, the two swap places in one rename (``renameat2``
+    with ``RENAME_EXCHANGE``), so ``out_dir`` is never missing; the old copy is then under our
+    temporary name, which stale-temp cleaning removes if a kill comes first. Elsewhere it takes
+    two renames, ``out_dir`` -> ``.NAME.nmtkit-old-HOST-PID-RANDOM`` (``parked_name``) and ``tmp``
+    -> ``out_dir``: a kill in between leaves only that complete old copy, which the next write
+    of ``out_dir`` (or a resumed training) moves back, once its process is gone."""
+    restore_parked(out_dir)
+    if not os.path.lexists(out_dir):
         os.replace(tmp, out_dir)
         return
-    old = out_dir.with_name(f".{out_dir.name}.old")
-    if os.path.lexists(old):  # an empty directory, which rename(2) may replace
-        old = Path(tempfile.mkdtemp(prefix=sibling_name(out_dir, "old-"), dir=out_dir.parent))
-    os.replace(out_dir, old)
+    if _exchange(tmp, out_dir):
+        _remove(tmp)  # the old copy now
+        return
+    parked = out_dir.with_name(parked_name(out_dir))
+    os.replace(out_dir, parked)
     os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(parked, ignore_errors=True)
+
+
+def parked_name(out_dir: Path) -> str:
+    """Where ``replace_directory`` parks the old ``out_dir`` between its two renames: named as
+    ours, with host and pid, so that only a copy a dead process of ours left is ever touched."""
+    return sibling_name(out_dir, f"old-{_HOST}-{os.getpid()}-{secrets.token_hex(6)}")
+
+
+def restore_parked(out_dir: Path) -> list[Path]:
+    """Copies of ``out_dir`` that a killed ``replace_directory`` parked (``parked_name``; a dead
+    process of this user on this machine): the first goes back to ``out_dir`` when nothing is
+    there, the rest are removed; returns them. A ``.NAME.old`` or any other name is not ours."""
+    out_dir = Path(out_dir)
+    prefix = sibling_name(out_dir, f"old-{_HOST}-")
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-[0-9a-f]+$")
+    found = []
+    for candidate in sorted(out_dir.parent.glob(f"{glob.escape(prefix)}*")) if out_dir.parent.is_dir() else []:
+        match = pattern.match(candidate.name)
+        if not match or not _stale(candidate, int(match.group(1))) or not candidate.is_dir():
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another cleaner was first
+            if os.path.lexists(out_dir):
+                shutil.rmtree(candidate)
+            else:
+                os.replace(candidate, out_dir)
+            found.append(candidate)
+    return found
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+_renameat2: list = []  # libc's renameat2 once looked up ([None] where there is none)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one rename; False where the kernel, C library or file system
+    cannot (the caller then renames twice)."""
+    if not _renameat2:
+        import ctypes
+
+        try:
+            _renameat2.append(getattr(ctypes.CDLL(None, use_errno=True), "renameat2"))
+        except (OSError, AttributeError, TypeError):  # no C library to load, or no renameat2 in it
+            _renameat2.append(None)
+    call = _renameat2[0]
+    if call is None:
+        return False
+    import ctypes
+
+    if call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def refuse_foreign(path: str | Path, role: str, where: str = "workdir") -> None:

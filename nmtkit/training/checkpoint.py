@@ -22,14 +22,18 @@ import torch
 
 from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
-from nmtkit.storage.checksums import verify
-from nmtkit.storage.files import atomic_write_text, sha256_file
-from nmtkit.modeldir import (CONFIG, check_weights, model_config_from_meta, read_json, read_meta, read_model_weights,
-                             read_weights, save_model_dir, state_dict_for_save, write_weights)
+from nmtkit.storage.checksums import read_manifest, verify
+from nmtkit.storage.files import (atomic_write_text, remove_stale_temps_in, restore_parked, sha256_file,
+                                  temp_beside)
+from nmtkit.modeldir import (CONFIG, check_weights, load_model_dir, model_config_from_meta, read_json, read_meta,
+                             read_model_weights, read_weights, save_model_dir, state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir
 
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
-STEP_DIR = re.compile(r"^step_(\d+)$")
+# best/ as validated, until the checkpoint of its step is saved (trainer.py): a kill never leaves a
+# best/ of an update past the checkpoint the run resumes from
+BEST_STAGED = ".best.nmtkit-staged"
+STEP_DIR = re.compile(r"^step_(\d{8,})$")  # as save_checkpoint names them: step_%08d
 
 
 @dataclass
@@ -48,6 +52,10 @@ class TrainerState:
     train_flops: float = 0.0  # training FLOPs spent so far (models/flops.py): train.max_flops's budget
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
     dev_sha256: str = ""  # the dev ids best_score was earned on ("": a checkpoint of an older nmtkit)
+    threads: int = 0  # CPU threads the run trains with (weights depend on the count); 0: not recorded (GPU, older)
+    # each process's unlogged sums since the last train record (loss, nll, tokens, steps, MoE router
+    # stats), so the first record after a resume averages the same updates an uninterrupted run's does
+    log_window: list = field(default_factory=list)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -60,7 +68,8 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     root = RunDir(Path(run_dir)).checkpoints
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := STEP_DIR.match(p.name)) and p.name == f"step_{int(m.group(1)):08d}" and p.is_dir()]
     return [p for _, p in sorted(found)]
 
 
@@ -189,7 +198,8 @@ def _check_step(path: Path, trainer: TrainerState, meta: Optional[dict] = None) 
                                   f"an edited checkpoint; move it away")
 
 
-_COUNTERS = ("step", "epoch", "batch_in_epoch", "epoch_batches", "best_step", "bad_validations", "skipped_steps")
+_COUNTERS = ("step", "epoch", "batch_in_epoch", "epoch_batches", "best_step", "bad_validations", "skipped_steps",
+             "threads")
 
 
 def trainer_state(raw: dict) -> TrainerState:
@@ -214,7 +224,27 @@ def trainer_state(raw: dict) -> TrainerState:
         raise ValueError(f"train_flops must be a non-negative number, got {state.train_flops!r}")
     if state.best_score is not None and not _finite_number(state.best_score):
         raise ValueError(f"best_score must be a number or null, got {state.best_score!r}")
+    if not isinstance(state.log_window, list) or not all(map(_window, state.log_window)):
+        raise ValueError("log_window must list each process's sums (loss, nll, tokens, steps, router)")
     return state
+
+
+def _window(value) -> bool:
+    """One process's unlogged sums as ``Trainer._window_state`` writes them."""
+    if not isinstance(value, dict) or set(value) - {"loss", "nll", "tokens", "steps", "router"}:
+        return False
+    if not all(_finite_number(value.get(k)) for k in ("loss", "nll")) or \
+            not all(_index(value.get(k)) for k in ("tokens", "steps")):
+        return False
+    router = value.get("router")
+    if router is None:
+        return True
+    if not isinstance(router, dict) or set(router) != {"layers", "sums"}:
+        return False
+    layers, sums = router["layers"], router["sums"]
+    return (isinstance(layers, list) and all(isinstance(name, str) for name in layers) and isinstance(sums, list)
+            and len(sums) == len(layers) and all(isinstance(row, list) and len(row) == len(sums[0]) > 4
+                                                 and all(map(_finite_number, row)) for row in sums))
 
 
 def _finite_number(value) -> bool:
@@ -233,10 +263,23 @@ def _setting(value) -> bool:
     return value is None or isinstance(value, bool) or (_finite_number(value) and value >= 0)
 
 
+class OtherModel(CheckpointError):
+    """A checkpoint whose weights have other names or shapes than the model built from the
+    recipe: the model or vocabulary settings changed, not the checkpoint (see ``check_fits``)."""
+
+
 def check_fits(ck: LoadedCheckpoint, model, optimizer) -> None:
     """A CheckpointError when ``ck``'s tensors cannot be the state of ``model`` and ``optimizer``,
     so that resume falls back to an older checkpoint instead of failing (or silently going
-    wrong) at the first step."""
+    wrong) at the first step; ``OtherModel`` when its weights are named or shaped as another
+    model's (every checkpoint of the run is then, so none is skipped as damaged)."""
+    expected = {name: tuple(t.shape) for name, t in state_dict_for_save(model).items()}
+    saved = {name: tuple(t.shape) for name, t in ck.weights.items()}
+    if expected != saved:
+        differ = sorted(set(expected) ^ set(saved)) or sorted(k for k in expected if expected[k] != saved[k])
+        name = differ[0]
+        raise OtherModel(f"{ck.path}: {name} is {_shape(saved.get(name))} there, {_shape(expected.get(name))} in the "
+                         f"model the recipe builds")
     check_weights(model, ck.weights, ck.path)
     if ck.ema is not None:
         check_weights(model, ck.ema, ck.path)
@@ -252,66 +295,94 @@ def check_fits(ck: LoadedCheckpoint, model, optimizer) -> None:
                                       f"the model expects {expected}")
 
 
+def _shape(shape) -> str:
+    return "absent" if shape is None else f"of shape {shape}"
+
+
 def latest_checkpoint(run_dir: Path, warn=None,
                       check: Optional[Callable[[LoadedCheckpoint], None]] = None) -> Optional[LoadedCheckpoint]:
     """The newest readable checkpoint that passes ``check`` (which raises CheckpointError for
-    one that cannot continue this run); damaged newer ones are reported through ``warn``."""
+    one that cannot continue this run, ConfigError for a recipe that cannot continue any);
+    damaged newer ones are reported through ``warn``."""
     for path in reversed(checkpoint_dirs(run_dir)):
         try:
             loaded = load_checkpoint(path)
             if check is not None:
                 check(loaded)
             return loaded
+        except ConfigError:
+            raise
         except NmtkitError as err:
             if warn is not None:
                 warn(f"skipping damaged checkpoint {path.name}: {err}")
     return None
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint save_checkpoint wrote (its checksums.json lists
+    trainer.json; one of an nmtkit from before checksums has trainer.json and config.json),
+    not a directory of the user's that happens to be named like one."""
+    try:
+        listed = read_manifest(path, CheckpointError)
+    except CheckpointError:
+        return False
+    if listed is None:
+        return (path / TRAINER_JSON).is_file() and (path / CONFIG).is_file()
+    return TRAINER_JSON in listed
+
+
 def prune_checkpoints(run_dir: Path, keep_last: int, protect: tuple[Path, ...] = ()) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints (never one in ``protect``). Each is
-    hidden by a rename first, so a kill mid-delete leaves no half-deleted ``step_N``."""
-    dirs = checkpoint_dirs(run_dir)
+    """Delete all but the newest ``keep_last`` checkpoints (never one in ``protect``, nor a
+    directory that is not a checkpoint). Each is first renamed to a temporary name of ours, so
+    a kill mid-delete leaves no half-deleted ``step_N``, and the next start removes the rest."""
+    dirs = [path for path in checkpoint_dirs(run_dir) if path in protect or is_checkpoint(path)]
     for path in dirs[:-keep_last] if keep_last > 0 else []:
         if path not in protect:
-            doomed = path.with_name(f".{path.name}.deleting")
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(path, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            with temp_beside(path, directory=True) as doomed:
+                os.replace(path, doomed)  # onto the empty directory temp_beside made; removed as the block ends
 
 
-_LEFTOVER = re.compile(r"^\.(best|step_\d+)\.(.+)$")
+_LEGACY_DELETING = re.compile(r"^\.step_\d{8,}\.deleting$")  # a pruned checkpoint, as an older nmtkit hid it
 
 
 def tidy_run_dir(run_dir: Path) -> None:
-    """Finish what a killed trainer left half-done in ``run_dir`` (only its writer may call this).
-
-    ``save_model_dir`` replaces a directory with two renames (``X`` -> ``.X.old``, or
-    ``.X.nmtkit-old-RANDOM`` when a ``.X.old`` is in the way, then temp -> ``X``); a kill between
-    them leaves only that copy, which is complete and is moved back. Other
-    hidden leftovers (temp dirs and files, ``.X.deleting`` of a pruned checkpoint) are removed.
-    """
-    for parent in (Path(run_dir), RunDir(Path(run_dir)).checkpoints):
-        for path in parent.iterdir() if parent.is_dir() else []:
-            match = _LEFTOVER.match(path.name)
-            if match and path.is_dir():
-                parked = match.group(2) == "old" or match.group(2).startswith("nmtkit-old-")  # replace_directory's
-                if parked and not (parent / match.group(1)).exists():
-                    os.replace(path, parent / match.group(1))
-                else:
+    """Finish what a killed trainer left half-done in ``run_dir`` (only its writer may call this):
+    a model directory parked by ``replace_directory`` goes back in place, and the temporary
+    files and directories of dead nmtkit processes (a half-written checkpoint, a pruned one)
+    are removed. Only names nmtkit gives, of processes of this user on this machine that are
+    gone, are touched: anything else there is left as it is."""
+    run = RunDir(Path(run_dir))
+    for parent in (run.path, run.checkpoints):
+        if not parent.is_dir():
+            continue
+        remove_stale_temps_in(parent)
+        for path in parent.iterdir():
+            parked = _PARKED.match(path.name)
+            if not parked or not (STEP_DIR.match(parked.group(1)) if parent == run.checkpoints
+                                  else parked.group(1) in (run.best.name, run.averaged.name, BEST_STAGED)):
+                if parent == run.checkpoints and _LEGACY_DELETING.match(path.name) and path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
-            elif path.name.startswith(".") and path.name.endswith(".tmp") and path.is_file():
-                path.unlink(missing_ok=True)
+            elif "-" in parked.group(2):  # .X.nmtkit-old-HOST-PID-RANDOM: only once its process is gone
+                restore_parked(parent / parked.group(1))
+            elif path.is_dir() and not path.is_symlink():  # an older nmtkit's, named by no process: the run's lock
+                if os.path.lexists(parent / parked.group(1)):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.replace(path, parent / parked.group(1))
+
+
+_PARKED = re.compile(r"^\.(.+)\.nmtkit-old-([\w-]+)$")
 
 
 def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output: Optional[str | Path] = None,
                         warn: Optional[Callable[[str], None]] = None, upto: Optional[int] = None) -> Path:
     """Average the weights of the newest ``last`` checkpoints into a model directory (by default
     as many as the run's ``train.average_last``, saved with each checkpoint); with fewer
-    checkpoints than ``last``, all of them, said through ``warn``. ``upto`` ignores checkpoints
-    after that step, so one long run gives the model a shorter run would have ended with
-    (a learning curve without retraining; exact for schedules that do not depend on max_steps)."""
-    from nmtkit.modeldir import load_model_dir, model_dir_problem
+    checkpoints than ``last``, all of them, said through ``warn``. ``upto``, a saved step, ignores
+    the checkpoints after it, so one long run gives the model a shorter run would have ended with
+    (a learning curve without retraining; exact for schedules that do not depend on max_steps).
+    Every checkpoint averaged must be of one model over one vocabulary."""
+    from nmtkit.modeldir import model_dir_problem
     from nmtkit.storage.outputs import check_output_dir
 
     run_dir = Path(run_dir)
@@ -323,28 +394,25 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run_dir}: no checkpoints to average (expected {run_dir}/checkpoints/step_*)")
+    held = f"{run_dir / 'checkpoints'} holds {len(dirs)} checkpoint(s) ({dirs[0].name} to {dirs[-1].name})"
     if upto is not None:
-        steps = [checkpoint_step(d) for d in dirs]
-        dirs = [d for d, step in zip(dirs, steps) if step <= upto]
-        if not dirs:
-            raise CheckpointError(f"--upto {upto}: the first checkpoint of {run_dir} is step {steps[0]}")
+        if upto not in [checkpoint_step(d) for d in dirs]:
+            raise CheckpointError(f"--upto {upto}: no checkpoint of step {upto}; {held}: give one of their steps "
+                                  f"(a run keeps its last train.keep_last checkpoints)")
+        dirs = [d for d in dirs if checkpoint_step(d) <= upto]
     if last is None:
-        saved = read_meta(dirs[-1]).get("average_last", TrainConfig().average_last)
+        saved = _reading(dirs[-1], lambda: read_meta(dirs[-1])).get("average_last", TrainConfig().average_last)
         last = max(saved, 1) if isinstance(saved, int) and not isinstance(saved, bool) else TrainConfig().average_last
     if len(dirs) < last and warn is not None:
-        warn(f"--last {last}: {run_dir / 'checkpoints'} holds only {len(dirs)} checkpoint(s) "
+        scope = f" up to step {upto}" if upto is not None else ""
+        warn(f"--last {last}: {run_dir / 'checkpoints'} holds only {len(dirs)} checkpoint(s){scope} "
              f"({dirs[0].name} to {dirs[-1].name}); averaging those {len(dirs)}")
     chosen = dirs[-last:]
-    newest = load_model_dir(chosen[-1])
+    newest = _reading(chosen[-1], lambda: load_model_dir(chosen[-1]))
+    vocabulary = _reading(chosen[-1], lambda: _vocabulary(chosen[-1], newest.meta))
     total: dict[str, torch.Tensor] = {}
     for path in chosen:
-        meta = read_meta(path)
-        # every checkpoint must be of the newest one's model: same config, same tensors and shapes
-        if path != chosen[-1] and model_config_from_meta(meta, path) != newest.model_cfg:
-            raise CheckpointError(f"{path} is another model than {chosen[-1].name} (its model config differs); "
-                                  f"average checkpoints of one run")
-        weights = read_model_weights(path, meta)
-        check_weights(newest.model, weights, path)
+        weights = _reading(path, lambda: _weights_of_one_model(path, chosen[-1], newest, vocabulary))
         for name, tensor in weights.items():
             acc = total.setdefault(name, torch.zeros_like(tensor, dtype=torch.float64))
             acc += tensor.double()
@@ -354,3 +422,44 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     meta["averaged_from"] = [p.name for p in chosen]
     return save_model_dir(newest.model, newest.model_cfg, out, chosen[-1] / newest.meta["spm"]["src"],
                           chosen[-1] / newest.meta["spm"]["tgt"], meta, weights=averaged)
+
+
+def _weights_of_one_model(path: Path, newest_path: Path, newest, vocabulary: dict) -> dict[str, torch.Tensor]:
+    """``path``'s weights, after checking that they are of the newest checkpoint's model (the
+    same config, tensors and shapes) over its ``vocabulary`` (an id must mean the same piece)."""
+    meta = read_meta(path)
+    if path != newest_path and model_config_from_meta(meta, path) != newest.model_cfg:
+        raise CheckpointError(f"{path} is another model than {newest_path.name} (its model config differs); "
+                              f"average checkpoints of one run")
+    weights = read_model_weights(path, meta)
+    if _vocabulary(path, meta) != vocabulary:
+        raise CheckpointError(f"{path} has another vocabulary than {newest_path.name} (other SentencePiece "
+                              f"models or id maps); average checkpoints of one run")
+    check_weights(newest.model, weights, path)
+    return weights
+
+
+def _vocabulary(path: Path, meta: dict) -> dict:
+    """The checksum of each side's SentencePiece model and id map (None: none), as the
+    directory's checksums.json lists them (or computed, in a directory from before it)."""
+    listed = read_manifest(path, CheckpointError) or {}
+    maps = meta.get("id_maps") or {}
+
+    def digest(name: Optional[str]) -> Optional[str]:
+        if name is None:
+            return None
+        return listed[name]["sha256"] if name in listed else sha256_file(path / name)
+
+    return {side: (digest(meta["spm"][side]), digest(maps.get(side))) for side in ("src", "tgt")}
+
+
+def _reading(path: Path, read: Callable):
+    """``read()`` of checkpoint ``path``; a checkpoint that vanished meanwhile (a training still
+    running prunes its old checkpoints) is said to have, not called damaged."""
+    try:
+        return read()
+    except (CheckpointError, OSError):
+        if path.is_dir():
+            raise
+    raise CheckpointError(f"{path} vanished while being read: a training of this run is pruning its old "
+                          f"checkpoints (train.keep_last); average again, or once it has finished") from None

@@ -152,6 +152,15 @@ def require_same(value, what: str) -> None:
         raise NmtkitError(f"the {world_size()} processes disagree on {what}: {values}")
 
 
+def gather(value) -> list:
+    """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
+    if not torch_dist.is_initialized():
+        return [value]
+    values = [None] * world_size()
+    torch_dist.all_gather_object(values, value)
+    return values
+
+
 def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     """The element-wise sum of ``tensor`` over all ranks (a new tensor)."""
     tensor = tensor.clone()

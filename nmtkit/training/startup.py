@@ -4,6 +4,8 @@ found and restored (weights, optimizer, random state), so a resumed run goes on 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -15,12 +17,13 @@ from nmtkit.data.identity import (changes, identity, prepared_settings, read_rec
 from nmtkit.data.ids import ParallelIds, load_split, prepared_file
 from nmtkit.data.mapped_vocab import open_vocab
 from nmtkit.data.vocab import Vocab, id_map_of, spm_files
-from nmtkit.errors import CheckpointError, ConfigError, DataError
-from nmtkit.modeldir import load_weights
-from nmtkit.runlog import check_resume_settings
-from nmtkit.storage.files import exclusive, read_json_dict, read_lines, shown_path
+from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
+from nmtkit.modeldir import CONFIG, load_weights, model_config_from_meta, model_dir_problem, read_meta
+from nmtkit.runlog import check_resume_settings, read_run_config
+from nmtkit.storage.files import exclusive, read_json_dict, read_lines, refuse_foreign, shown_path
 from nmtkit.training import distributed as dist
-from nmtkit.training.checkpoint import LoadedCheckpoint, check_fits, checkpoint_dirs, latest_checkpoint, tidy_run_dir
+from nmtkit.training.checkpoint import (LoadedCheckpoint, OtherModel, check_fits, checkpoint_dirs,
+                                        latest_checkpoint, read_trainer_state)
 from nmtkit.workdir import RunDir, WorkDir
 
 
@@ -50,27 +53,78 @@ def check_data(run_dir: Path, spm_models: tuple[Path, Path], train_data: Paralle
     changed = changes(recorded, current) if recorded is not None else []
     if changed:
         raise DataError(f"the prepared data changed since the run in {run_dir} started "
-                        f"({'; '.join(changed)}): its checkpoints do not fit it; "
-                        f"use --restart to start over (the old run is moved aside, not deleted)")
+                        f"({'; '.join(changed)}): its checkpoints do not fit it; use --restart to start over "
+                        f"({RESTART}: the old run is moved aside, not deleted)")
     if recorded != current:
         write_record(record, current)
 
 
+RESTART = "`nmtkit train RECIPE --restart`"  # what every refusal to resume suggests: `run` has no --restart
+
+
 def newest_checkpoint(cfg: Config, run_dir: Path, model, optimizer, console) -> Optional[LoadedCheckpoint]:
     """The newest checkpoint that can continue this run (damaged newer ones are skipped with a
-    warning, after rank 0 finished what a killed trainer left half-done); None for a new run.
-    A ConfigError when the recipe now asks for another model (before any checkpoint is tried,
-    so it is not mistaken for damage), a CheckpointError when none is readable."""
-    if dist.is_main():
-        tidy_run_dir(run_dir)
-    dist.barrier()
+    warning); None for a new run. A ConfigError when the recipe now asks for another model
+    (before any checkpoint is tried, so it is not mistaken for damage), a CheckpointError when
+    none is readable. Rank 0 has tidied the run (``tidy_run_dir``) and checked its data first."""
     if checkpoint_dirs(run_dir):
         check_resume_settings(cfg, run_dir, console)
-    ck = latest_checkpoint(run_dir, warn=console.warn, check=lambda ck: check_fits(ck, model, optimizer))
+        check_checkpoint_model(cfg, run_dir)
+
+    def fits(ck: LoadedCheckpoint) -> None:
+        try:
+            check_fits(ck, model, optimizer)
+        except OtherModel as err:
+            raise ConfigError(f"{err}: the model or vocabulary settings changed since the run in {run_dir} started; "
+                              f"use --restart to train a new model ({RESTART})") from None
+
+    ck = latest_checkpoint(run_dir, warn=console.warn, check=fits)
     if ck is None and checkpoint_dirs(run_dir):
         raise CheckpointError(f"no readable checkpoint in {RunDir(run_dir).checkpoints} (see the warnings); "
-                              f"move the damaged ones away, or use --restart to start over")
+                              f"move the damaged ones away, or start over with {RESTART}")
+    if ck is not None:
+        check_init_from(cfg, ck, run_dir)
     return ck
+
+
+def check_checkpoint_model(cfg: Config, run_dir: Path) -> None:
+    """Refuse a recipe whose model is not the one the newest checkpoint (with a readable
+    config.json) was saved as: RUN_DIR/config.yaml, which ``check_resume_settings`` compares,
+    may be gone, and a change that keeps every shape (model.ffn relu -> gelu) loads without
+    complaint, then trains another model on the old one's weights."""
+    import dataclasses
+
+    from nmtkit.config.schema import recipe_key
+
+    for path in reversed(checkpoint_dirs(run_dir)):
+        try:
+            saved = dataclasses.asdict(model_config_from_meta(read_meta(path), path / CONFIG))
+        except CheckpointError:
+            continue  # damaged: latest_checkpoint says so
+        ours = dataclasses.asdict(cfg.model)
+        differ = [f"model.{recipe_key(k)} ({saved[k]!r} there, {ours[k]!r} here)" for k in ours if saved[k] != ours[k]]
+        if differ:
+            raise ConfigError(f"the recipe's model differs from the one {path} holds ({', '.join(differ)}); "
+                              f"use --restart to train a new model ({RESTART})")
+        return
+
+
+def check_init_from(cfg: Config, ck: LoadedCheckpoint, run_dir: Path) -> None:
+    """train.init_from chooses a new run's first weights: a resumed run goes on from its own
+    checkpoints, so an init_from it did not start from would be accepted and ignored."""
+    wanted = cfg.train.init_from
+    if not wanted:
+        return
+    started = ck.meta.get("init_from") if isinstance(ck.meta.get("init_from"), dict) else {}
+    try:
+        saved = read_run_config(run_dir)
+    except DataError:
+        saved = None
+    recorded = saved.get("train", {}).get("init_from") if saved is not None else None
+    if recorded != wanted and started.get("path") != str(Path(wanted).expanduser().resolve()):
+        raise ConfigError(f"train.init_from={wanted}: init_from applies only to a new run; this one resumes from "
+                          f"its own checkpoints in {run_dir} (started from {started.get('path') or 'scratch'}); "
+                          f"use --restart to start a new run from it ({RESTART})")
 
 
 def restore(ck: LoadedCheckpoint, model, optimizer, device: torch.device) -> None:
@@ -156,3 +210,61 @@ def run_lock(run_dir: Path):
         return contextlib.nullcontext()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     return exclusive(run_dir.parent, "another `nmtkit train`")
+
+
+# what only a training writes in its run directory (a run of an nmtkit before data.json: checkpoints/)
+RUN_MARKS = ("data.json", "checkpoints")
+_OUR_HIDDEN = re.compile(r"^\..+\.nmtkit-")  # a temporary or parked name of ours (storage/files.py)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """``train`` writes, rewrites and removes files in RUN_DIR (config.yaml, metrics.jsonl,
+    best/, old checkpoints): refuse, before any work, a directory there that it did not make
+    (not empty, and neither data.json nor checkpoints/, which a run writes first) and, in one it
+    made, a best/ that is not a model directory (it is replaced at the next better validation)."""
+    if not os.path.lexists(run_dir):
+        return
+    if not run_dir.is_dir():
+        refuse_foreign(run_dir, "the training run")
+    names = {entry.name for entry in run_dir.iterdir() if not _OUR_HIDDEN.match(entry.name)}
+    if names and not names & set(RUN_MARKS):
+        refuse_foreign(run_dir, "the training run")
+    best = RunDir(run_dir).best
+    problem = model_dir_problem(best) if os.path.lexists(best) else None
+    if problem is not None:
+        raise ConfigError(f"{best} {problem}: nmtkit keeps the run's best model there and replaces it at each "
+                          f"better validation; move it away")
+
+
+def recorded_threads(run_dir: Path) -> int:
+    """The CPU thread count the newest readable checkpoint trained with (0: none recorded)."""
+    for path in reversed(checkpoint_dirs(run_dir)):
+        try:
+            return read_trainer_state(path).threads
+        except NmtkitError:
+            continue
+    return 0
+
+
+def training_threads(setting: int, recorded: int, console) -> int:
+    """Apply ``train.threads`` to PyTorch's CPU pool; returns the count. The weights depend on
+    the count, so a run goes on with the count it ``recorded`` (auto chose it for the load of
+    the run's first session) whatever the load is now, unless train.threads or OMP_NUM_THREADS
+    fix another, which is warned of: the run then no longer matches an uninterrupted one."""
+    from nmtkit.runtime.threads import choose_threads, configure_threads
+
+    if recorded <= 0:
+        return configure_threads(setting, console)
+    if setting > 0 or os.environ.get("OMP_NUM_THREADS"):
+        threads = configure_threads(setting, console)
+        if threads != recorded:
+            given = f"train.threads={setting}" if setting > 0 else f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+            console.warn(f"{given}: training with {threads} thread(s) where this run trained with {recorded}; the "
+                         f"weights depend on the count, so the run no longer resumes exactly (bit for bit)")
+        return threads
+    auto, note = choose_threads(0)
+    if auto != recorded:
+        load = note.split(": training with")[0] if note else "the machine is idle now"
+        console.info(f"{load}: this run goes on with the {recorded} thread(s) it started with, so that it resumes "
+                     f"exactly (train.threads sets another count, at the cost of that)")
+    return configure_threads(recorded, console)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -33,9 +34,12 @@ from nmtkit.runlog import MetricsLog, summary_writer_class
 from nmtkit.runtime.compiler import maybe_compile
 from nmtkit.runtime.device import autocast, resolve_device, resolve_dtype
 from nmtkit.runtime.allocator import resident_mib
-from nmtkit.runtime.threads import configure_threads
 from nmtkit.training import distributed as dist
-from nmtkit.training.checkpoint import TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint
+from nmtkit.errors import CheckpointError
+from nmtkit.modeldir import read_meta
+from nmtkit.storage.files import replace_directory
+from nmtkit.training.checkpoint import (BEST_STAGED, TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint,
+                                        tidy_run_dir)
 from nmtkit.training.ema import ema_weights, restored_ema, update_ema
 from nmtkit.training.failures import TrainingStopped, out_of_memory_names, too_few_batches
 from nmtkit.training.init_from import init_source, start_from
@@ -45,8 +49,9 @@ from nmtkit.training.precision import LossScaler
 from nmtkit.training.routing import RouterWindow, router_penalty
 from nmtkit.training.schedule import learning_rate
 from nmtkit.training.signals import StopFlag
-from nmtkit.training.startup import (check_data, load_training_data, newest_checkpoint, prepared_lock,
-                                     prepared_vocabs, refuse_beyond_table, restore, run_lock)
+from nmtkit.training.startup import (check_data, check_run_dir, load_training_data, newest_checkpoint, prepared_lock,
+                                     prepared_vocabs, recorded_threads, refuse_beyond_table, restore, run_lock,
+                                     training_threads)
 from nmtkit.training.summary import print_dry_run, print_summary
 from nmtkit.training.validation import dev_bleu, dev_loss
 from nmtkit.workdir import RunDir, WorkDir
@@ -80,11 +85,8 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
 
 def _train_locked(cfg: Config, console, device: torch.device, dtype, restart: bool) -> Optional[Path]:
     src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
-    if device.type == "cpu":
-        configure_threads(cfg.train.threads, console)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
     run_dir = WorkDir.of(cfg).run.path
+    check_run_dir(run_dir)
     with run_lock(run_dir):
         if restart and dist.is_main() and run_dir.exists():
             name = f"train.old-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -95,13 +97,21 @@ def _train_locked(cfg: Config, console, device: torch.device, dtype, restart: bo
             os.replace(run_dir, backup)
             console.warn(f"--restart: moved the previous run to {backup}")
         dist.barrier()
-        return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir).run()
+        recorded = recorded_threads(run_dir) if device.type == "cpu" else 0
+        threads = training_threads(cfg.train.threads, recorded, console) if device.type == "cpu" else 0
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model, len(src_vocab), len(tgt_vocab))
+        return Trainer(cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir,
+                       (threads, recorded)).run()
 
 
 
 class Trainer:
-    def __init__(self, cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir):
+    def __init__(self, cfg, console, model, device, dtype, src_path, tgt_path, src_vocab, tgt_vocab, run_dir,
+                 threads: tuple[int, int] = (0, 0)):
         self.cfg, self.console, self.device, self.dtype = cfg, console, device, dtype
+        # CPU threads this session trains with, and the count they were chosen to continue (training_threads)
+        self.threads, self.threads_for = threads
         self.src_path, self.tgt_path, self.run_dir = src_path, tgt_path, run_dir
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.train_data, self.dev, self.dev_sources, self.dev_refs = load_training_data(
@@ -150,19 +160,25 @@ class Trainer:
         self.metrics = MetricsLog(run_dir, cfg.train.tensorboard)
         routed = m.arch == "transformer" and m.moe_experts > 0
         self.router_window = RouterWindow(with_z=m.moe_z_weight > 0) if routed else None
+        self.window = self._new_window()  # sums of the updates since the last train record
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
         """Go on from the newest good checkpoint, or start a new run (from train.init_from's weights
-        when set); either way RUN_DIR/config.yaml ends up holding the recipe this session trains with."""
+        when set). The data is compared with what the run started on before any checkpoint is
+        read, so re-prepared data is named as such, not as damaged checkpoints."""
+        if dist.is_main():
+            tidy_run_dir(self.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            check_data(self.run_dir, (self.src_path, self.tgt_path), self.train_data,
+                       bool(checkpoint_dirs(self.run_dir)), self.console.warn)
+        dist.barrier()
         ck = newest_checkpoint(self.cfg, self.run_dir, self.model, self.optimizer, self.console)
+        self.resumed = ck is not None
         init = init_source(self.cfg) if ck is None else None
         if init is not None:  # a new fine-tuning run: the weights of train.init_from, a fresh optimizer and step
             self.meta["init_from"] = start_from(init, self.model, self.src_path, self.tgt_path, self.device)
             self.console.info(f"fine-tuning: starting from the weights of {init.path} (step {init.meta.get('step')})")
-        if dist.is_main():
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            check_data(self.run_dir, (self.src_path, self.tgt_path), self.train_data, ck is not None, self.console.warn)
         if ck is not None:
             restore(ck, self.model, self.optimizer, self.device)
             self.state = ck.trainer
@@ -176,24 +192,103 @@ class Trainer:
             self.state.dev_sha256 = dev
             if "init_from" in ck.meta:  # a fine-tuning run: its own checkpoints say where it started
                 self.meta["init_from"] = ck.meta["init_from"]
+            if self.device.type == "cpu" and self.state.threads != self.threads_for:  # resumed from an older one
+                self.threads = training_threads(self.cfg.train.threads, self.state.threads, self.console)
+            self._restore_window(self.state.log_window)
+        self.state.threads = self.threads
         self.ema = restored_ema(ck.ema if ck is not None else None, self.model, self.cfg.train.ema_decay, self.device)
         if dist.is_main():
-            if ck is None:
+            self._settle_best()
+        if ck is not None:
+            self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
+
+    def _begin_session(self) -> None:
+        """What a session that trains does first: the metrics log cut back to the checkpoint it
+        resumes from, and RUN_DIR/config.yaml holding the recipe it trains with (a session that
+        trains nothing, on a finished run, leaves both as they are)."""
+        if dist.is_main():
+            if not self.resumed:
                 self.metrics.start_over()
             else:
                 self.metrics.truncate_after(self.state.step)
             save_config(self.cfg, RunDir(self.run_dir).config)
-        if ck is not None:
-            self.console.info(f"resumed from {ck.path.name} (step {self.state.step}, epoch {self.state.epoch + 1})")
+
+    # -- best/ -----------------------------------------------------------------------------------
+    def _settle_best(self) -> None:
+        """On resume: a staged best/ (BEST_STAGED, written by a validation) becomes best/ when the
+        checkpoint resumed from holds its step as the best, else it belongs to updates that are
+        about to be redone and is removed; so is a best/ past that checkpoint (written by an nmtkit
+        before staging, or past a damaged newest checkpoint): best/ never tells of an update the
+        run has not (yet) made."""
+        staged, best = self.run_dir / BEST_STAGED, RunDir(self.run_dir).best
+        if os.path.lexists(staged):
+            step = _saved_step(staged)
+            if step is not None and step == self.state.best_step and step <= self.state.step and step > 0:
+                replace_directory(staged, best)
+            else:
+                shutil.rmtree(staged, ignore_errors=True)
+        step = _saved_step(best) if os.path.lexists(best) else None
+        if step is not None and step > self.state.step:
+            shutil.rmtree(best)
+            self.console.warn(f"removed {best} (step {step}): it is past the checkpoint the run resumes from (step "
+                              f"{self.state.step}); the next better validation writes it again")
+
+    def _promote_best(self) -> None:
+        """A checkpoint was saved: the best/ staged at or before its step is now best/."""
+        staged = self.run_dir / BEST_STAGED
+        if os.path.lexists(staged):
+            replace_directory(staged, RunDir(self.run_dir).best)
 
     def _log(self, record: dict) -> None:
         if dist.is_main():
             self.metrics.append(record)
 
-    def _save(self) -> Path:
+    def _save(self) -> None:
+        """Every rank: its unlogged sums go to rank 0, which writes the checkpoint, promotes a
+        staged best/ and prunes old checkpoints."""
+        windows = dist.gather(self._window_state())
+        if not dist.is_main():
+            return
         self.state.loss_scaler = self.loss_scaler.state()
-        return save_checkpoint(self.run_dir, self.model, self.cfg.model, self.optimizer, self.state, self.src_path,
+        self.state.log_window = windows
+        path = save_checkpoint(self.run_dir, self.model, self.cfg.model, self.optimizer, self.state, self.src_path,
                                self.tgt_path, self.meta, ema=self.ema)
+        self._promote_best()
+        prune_checkpoints(self.run_dir, self.cfg.train.keep_last, protect=(path,))
+
+    # -- the logging window ----------------------------------------------------------------------
+    def _new_window(self) -> dict:
+        return {"loss": torch.zeros((), device=self.device), "nll": torch.zeros((), device=self.device),
+                "tokens": 0, "start": time.perf_counter(), "steps": 0}
+
+    def _window_state(self) -> dict:
+        """This process's unlogged sums as the checkpoint keeps them (float32 values are exact
+        as JSON numbers)."""
+        w = self.window
+        state = {"loss": w["loss"].item(), "nll": w["nll"].item(), "tokens": w["tokens"], "steps": w["steps"]}
+        router = self.router_window
+        if router is not None and router.sums is not None:
+            state["router"] = {"layers": list(router.layers), "sums": router.sums.tolist()}
+        return state
+
+    def _restore_window(self, saved: list) -> None:
+        """The sums a checkpoint kept, each process its own (with another number of processes, rank
+        0 takes them all); a checkpoint of an older nmtkit kept none."""
+        if not saved:
+            return
+        if len(saved) == dist.world_size():
+            mine = saved[dist.rank()]
+        else:
+            mine = _merged_windows(saved) if dist.is_main() else None
+        if mine is None:
+            return
+        self.window["loss"] = torch.tensor(mine["loss"], dtype=torch.float32, device=self.device)
+        self.window["nll"] = torch.tensor(mine["nll"], dtype=torch.float32, device=self.device)
+        self.window["tokens"], self.window["steps"] = mine["tokens"], mine["steps"]
+        router = mine.get("router")
+        if router is not None and self.router_window is not None:
+            self.router_window.layers = list(router["layers"])
+            self.router_window.sums = torch.tensor(router["sums"], dtype=torch.float32, device=self.device)
 
     # -- loop -----------------------------------------------------------------------------------
     def _updates(self):
@@ -292,20 +387,18 @@ class Trainer:
     def run(self) -> Path:
         self._resume()
         dist.require_same(self.state.step, "the step they resume from (WORKDIR must be on a filesystem all nodes share)")
-        t = self.cfg.train
         done = self._finished_reason()
         if done:
             self.console.info(f"training already finished at step {self.state.step} ({done}); "
-                              f"raise the limit or use --restart to train more")
+                              f"raise the limit to train more, or start over with `nmtkit train RECIPE --restart`")
             return self.run_dir
+        self._begin_session()
         if dist.is_main():
             print_summary(self.console, self.model, self.cfg, (len(self.src_vocab), len(self.tgt_vocab)),
                           self.device, self.dtype, init=self.meta.get("init_from"))
         with StopFlag() as stop:
             reason = self._loop(stop)
-        if dist.is_main():
-            path = self._save()
-            prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
+        self._save()
         dist.barrier()
         if reason == "signal":
             self.console.print(f"[yellow]stopped by signal at step {self.state.step}; checkpoint saved. "
@@ -332,8 +425,8 @@ class Trainer:
         from nmtkit.training.progress import TrainProgress
 
         t = self.cfg.train
-        window = {"loss": torch.zeros((), device=self.device), "nll": torch.zeros((), device=self.device),
-                  "tokens": 0, "start": time.perf_counter(), "steps": 0}
+        window = self.window
+        window["start"] = time.perf_counter()
         session_start = time.perf_counter() - self.state.train_seconds
         reason = ""
         bad_in_a_row = 0
@@ -372,9 +465,8 @@ class Trainer:
                 reason = self._finished_reason() or ("signal" if stopping else "")
                 if reason:  # the last checkpoint is written after the final validation, below
                     break
-                if step % t.save_every == 0 and dist.is_main():
-                    path = self._save()
-                    prune_checkpoints(self.run_dir, t.keep_last, protect=(path,))
+                if step % t.save_every == 0:
+                    self._save()
             else:  # the last epoch is done: saved as "epoch max_epochs, no batch yet", so that a re-run
                 # sees a finished run and a raised train.max_epochs resumes with the next epoch
                 reason = "max_epochs"
@@ -428,7 +520,8 @@ class Trainer:
         improved = self.state.best_score is None or metric > self.state.best_score
         if improved:
             self.state.best_score, self.state.best_step, self.state.bad_validations = metric, self.state.step, 0
-            save_model_dir(self.model, cfg.model, RunDir(self.run_dir).best, self.src_path, self.tgt_path,
+            # staged: best/ once the checkpoint of this step (or a later one) is saved (_promote_best)
+            save_model_dir(self.model, cfg.model, self.run_dir / BEST_STAGED, self.src_path, self.tgt_path,
                            {**self.meta, "step": self.state.step, **scores}, weights=self.ema)
         else:
             self.state.bad_validations += 1
@@ -439,3 +532,23 @@ class Trainer:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
         self.console.info(f"[bold]valid[/bold] step {self.state.step}: {shown}{' (best)' if improved else ''}")
 
+
+
+def _saved_step(model_dir: Path) -> Optional[int]:
+    """The step a model directory of the run was saved at (None: unreadable, or none recorded)."""
+    try:
+        step = read_meta(model_dir).get("step")
+    except CheckpointError:
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _merged_windows(windows: list) -> dict:
+    """Several processes' unlogged sums as one process's (a run resumed on another number of processes)."""
+    merged = {key: sum(w[key] for w in windows) for key in ("loss", "nll", "tokens", "steps")}
+    routers = [w["router"] for w in windows if "router" in w]
+    if routers and all(r["layers"] == routers[0]["layers"] for r in routers):
+        rows = zip(*(r["sums"] for r in routers))  # each layer's row of every process
+        merged["router"] = {"layers": routers[0]["layers"], "sums": [[sum(column) for column in zip(*layer)]
+                                                                     for layer in rows]}
+    return merged

@@ -79,11 +79,13 @@ def kill_phase(run_dir: Path) -> str:
     """What a SIGKILL interrupted, judged from what it left behind."""
     ckpts = run_dir / "checkpoints"
     names = [p.name for p in ckpts.iterdir()] if ckpts.is_dir() else []
-    if any(name.startswith(".step_") and name.endswith(".deleting") for name in names):
+    hidden = [int(n) for name in names if name.startswith(".step_") and (n := name[6:].split(".")[0]).isdigit()]
+    if any(step <= newest_step(run_dir) for step in hidden):  # an old checkpoint, renamed to be deleted
         return "checkpoint prune"
-    if any(name.startswith(".step_") for name in names):
+    if hidden:
         return "checkpoint write"
-    if run_dir.is_dir() and any(p.name.startswith(".best.") for p in run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name.startswith((".best.", "..best.")) and p.name != ".best.nmtkit-staged"
+                                for p in run_dir.iterdir()):  # a validation's best/ being written or promoted
         return "best/ write"
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size and not metrics.read_bytes().endswith(b"\n"):
