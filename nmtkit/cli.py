@@ -37,6 +37,28 @@ class _Command(TyperCommand):
     def get_params(self, ctx):
         return _readable_types(super().get_params(ctx))
 
+    def parse_args(self, ctx, args):
+        given = list(args)  # the parser consumes the list it is given
+        rest = super().parse_args(ctx, args)
+        if not ctx.resilient_parsing:  # not while the shell completes a word
+            _refuse_repeats(self.make_parser(ctx).parse_args(args=given)[2])
+        return rest
+
+
+def _refuse_repeats(order: list) -> None:
+    """An option that takes one value, given twice, is an error: the parser would keep the last
+    and drop the others silently (``-i a.txt -i b.txt`` translating only b.txt). ``order``: the
+    parameters in the order the parser met them; those declared repeatable (``-m``) may repeat."""
+    from collections import Counter
+
+    from nmtkit.errors import ConfigError
+
+    for param, count in Counter(order).items():
+        if count > 1 and param.param_type_name == "option" and not param.multiple:
+            times = "twice" if count == 2 else f"{count} times"
+            what = "is a flag" if param.is_flag else "takes one value, and only the last would count"
+            raise ConfigError(f"{'/'.join(param.opts)} given {times}: it {what}; give it once")
+
 
 class _Group(TyperGroup):
     def get_params(self, ctx):
@@ -141,8 +163,9 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
 
     start_reading(run_flags.threads)  # auto threads: the load is read while torch and the model load
     from nmtkit.decoding.guides import GuideFiles
-    from nmtkit.translate_files import resolve_options, translate_file
+    from nmtkit.translate_files import reads_a_terminal, resolve_options, translate_file
 
+    terminal = not call.stream and reads_a_terminal(files.input)  # translated line by line, as --stream does
     _refuse_unused(ctx, [("topk", not call.sample, "applies to --sample only"),
                          ("topp", not call.sample, "applies to --sample only"),
                          ("temperature", not call.sample, "applies to --sample only"),
@@ -155,8 +178,20 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
                          ("workers", call.compile and call.workers > 1, "does not apply with --compile, which "
                           "searches one batch at a time"),
                          ("workers", call.stream and call.workers > 1, "does not apply with --stream, which "
-                          "translates each line alone")])
+                          "translates each line alone"),
+                         ("chunk_lines", terminal, "does not apply to a terminal, whose lines are translated one "
+                          "by one as they are typed"),
+                         ("workers", terminal and call.workers > 1, "does not apply to a terminal, whose lines are "
+                          "translated one by one as they are typed")])
     options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags, call))
+    # greedy search and sampling choose the same pieces under any length penalty and EOS rule: those
+    # change only the scores, which only --scores and --nbest show (the model's own settings are
+    # not flags, so only a flag given on the command line is refused)
+    one_way = (options.beam_size == 1 or options.sample) and not options.scores and options.nbest == 1
+    why = "changes nothing under --sample but the scores, which only --scores prints and --nbest ranks by: add " \
+          "one of them or leave it out" if options.sample else "changes nothing under greedy search (beam size " \
+          "1) but the scores, which only --scores prints: add --scores or leave it out"
+    _refuse_unused(ctx, [(name, one_way, why) for name in ("lenpen", "eos_at_limit")])
     translate_file([str(m) for m in model], files.input, files.output, options, _console(),
                    GuideFiles(files.prefix_file, files.constraints))
 
@@ -176,11 +211,19 @@ def serve(
     max_body_bytes: int = typer.Option(_LIMITS.max_body_bytes, "--max-body-bytes", help="Largest request body (413 above)."),
     max_lines: int = typer.Option(_LIMITS.max_lines, "--max-lines", help="Most texts per request (413 above)."),
     max_line_chars: int = typer.Option(_LIMITS.max_line_chars, "--max-line-chars", help="Longest text in characters (413 above)."),
-    max_beam: int = typer.Option(_LIMITS.max_beam, "--max-beam", help="Largest beam_size and nbest a request may ask for."),
+    max_beam: int = typer.Option(_LIMITS.max_beam, "--max-beam", help="Largest beam_size and nbest a request may ask for (at most 64)."),
     max_search_bytes: int = typer.Option(_LIMITS.max_search_bytes, "--max-search-bytes",
                                          help="Largest estimated memory of one search call a request may need (413 above)."),
     read_timeout: float = typer.Option(_LIMITS.read_timeout_s, "--read-timeout",
-                                       help="Seconds a request body may take to arrive after its headers (408 after)."),
+                                       help="Seconds a request's head may take to arrive (from the connection or the "
+                                            "previous answer), and its body after the head (408 after)."),
+    request_timeout: float = typer.Option(_LIMITS.request_timeout_s, "--request-timeout",
+                                          help="Seconds a request may wait and translate once its body arrived (503 "
+                                               "if it never reached the model, else 504; its search stops)."),
+    max_queued: int = typer.Option(_LIMITS.max_queued, "--max-queued",
+                                   help="Most requests waiting for the model (503 with Retry-After above)."),
+    max_connections: int = typer.Option(_LIMITS.max_connections, "--max-connections",
+                                        help="Most open connections (503 with Retry-After above, as they connect)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="NMTKIT_API_KEY", show_default=False,
                                           help="Answer only requests that carry this key ('Authorization: Bearer KEY' "
                                                "or 'X-API-Key: KEY'); others get 401."),
@@ -197,7 +240,8 @@ def serve(
     from nmtkit.translate_files import resolve_options
 
     limits = Limits(max_body_bytes=max_body_bytes, max_lines=max_lines, max_line_chars=max_line_chars,
-                    max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout)
+                    max_beam=max_beam, max_search_bytes=max_search_bytes, read_timeout_s=read_timeout,
+                    request_timeout_s=request_timeout, max_queued=max_queued, max_connections=max_connections)
     # one search call at a time: --max-search-bytes bounds each call's memory
     options = resolve_options(model, vars(decode_flags), largest_beam=max_beam, workers=1, **opts.settings(run_flags))
     run_server([str(m) for m in model], options, limits, host, port, batch_window_ms, _console(),

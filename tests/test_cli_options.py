@@ -256,3 +256,22 @@ def test_control_characters_in_a_name_stay_inside_the_one_error_line(setup, scra
         check_outcome(code, err)
         assert code == 2 and err.count("\n") == 1 and "\r" not in err and "\u2028" not in err, err
     assert "bad\\nname\\r\\x8b" in run_command(monkeypatch, capsys, ["translate", "-m", "bad\nname\r\x8b"])[1]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_option_of_one_value_given_twice_is_one_line(setup, scratch, monkeypatch, capsys, command):
+    """The parser keeps an option's last value and drops the others: `translate -i a.txt -i b.txt`
+    translated b.txt alone, exit 0. Every option that is not repeatable, given twice (a flag too),
+    is one line naming it; a repeatable one still repeats (-m: an ensemble)."""
+    base = invocation(command, setup)
+    for param in fuzzable(command):
+        if not is_option(param) or param.multiple:
+            continue
+        once = [names(param)] if param.is_flag else [names(param), "1"]  # "1": any type's value
+        code, err = run_command(monkeypatch, capsys, [command, *once, *once, *base[1:]])
+        check_outcome(code, err)
+        assert code == 2 and f"nmtkit: error: {'/'.join(param.opts)} given " in err, (names(param), err)
+    if command == "translate":
+        ensemble = invocation(command, setup, next(p for p in fuzzable(command) if names(p) == "--model"),
+                              str(setup["model"]))
+        assert run_command(monkeypatch, capsys, ensemble) == (0, "")

@@ -288,6 +288,8 @@ MALFORMED = {
     "too long a line": (json.dumps({"texts": ["a " * 31]}).encode(), 413, "at most 60"),
     "a line break": (json.dumps({"texts": ["a\nb"]}).encode(), 400, "line break"),
     "unknown option": (json.dumps({"texts": ["a"], "beam": 2}).encode(), 400, "unknown field(s) 'beam'"),
+    "a key given twice": (b'{"texts": ["a"], "beam_size": 1, "beam_size": 4}', 400,
+                          "body repeats the key 'beam_size': give each field once"),
     "beam too large": (json.dumps({"texts": ["a"], "beam_size": 5}).encode(), 400, "between 1 and 4"),
     "beam zero": (json.dumps({"texts": ["a"], "beam_size": 0}).encode(), 400, "between 1 and 4"),
     "beam as a string": (json.dumps({"texts": ["a"], "beam_size": "2"}).encode(), 400, "integer"),

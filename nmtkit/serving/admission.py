@@ -7,6 +7,8 @@ estimated by ``decoding.cost.estimate_search_bytes``, and the request is refused
 naming ``--max-search-bytes`` when the largest is over it. Its ``SearchShape`` (the whole
 request as one call: an upper bound of any call holding its lines) goes with it to the
 batcher, which joins requests into one translator call only while their joint shape fits.
+Encoding the texts here also tells which of them the model will see cut to its positions, which
+the answer names (``truncated``).
 """
 from __future__ import annotations
 
@@ -62,7 +64,23 @@ def decoder_state_bytes(engine) -> int:
 def search_shapes(engine, options, texts: Sequence[str], guides: Optional[Sequence[Guide]]) -> list[SearchShape]:
     """The shape of every search call ``Translator(engine, options)`` makes to translate
     ``texts`` (with ``guides``) on its own."""
-    sources = Translator(engine, options).encode(texts)
+    return shapes_of(engine, options, Translator(engine, options).encode(texts), guides)
+
+
+def encode_each(engine, options, texts: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
+    """The source ids of each text as ``Translator(engine, options)`` cuts them, and whether
+    it was cut (over the model's positions): one text at a time, so each gets its own answer."""
+    translator = Translator(engine, options)
+    sources, cut = [], []
+    for text in texts:
+        before = translator.truncated
+        sources += translator.encode([text])
+        cut.append(translator.truncated > before)
+    return sources, cut
+
+
+def shapes_of(engine, options, sources: Sequence[Sequence[int]], guides: Optional[Sequence[Guide]]) -> list[SearchShape]:
+    """``search_shapes`` of texts already encoded (``sources``)."""
     todo = [i for i, ids in enumerate(sources) if ids]
     prefixes, phrases = target_ids(engine.tgt_vocab, guides) if guides is not None and any(guides) else (None, None)
     rows = options.nbest if options.sample else options.beam_size
@@ -81,11 +99,13 @@ def search_shapes(engine, options, texts: Sequence[str], guides: Optional[Sequen
 
 
 def admit(engine, base, limits: Limits, texts: Sequence[str], decode: dict[str, Any],
-          guides: Optional[Sequence[Guide]]) -> SearchShape:
-    """The request's shape as one call; a RequestError (413) when one of its own search
-    calls would need more than ``limits.max_search_bytes``. ``decode`` is the request's
-    settings over the server's ``base``."""
-    shapes = search_shapes(engine, dataclasses.replace(base, **decode), texts, guides)
+          guides: Optional[Sequence[Guide]]) -> tuple[SearchShape, list[bool]]:
+    """The request's shape as one call, and which texts the model will see cut (over its
+    positions); a RequestError (413) when one of its own search calls would need more than
+    ``limits.max_search_bytes``. ``decode`` is the request's settings over the server's ``base``."""
+    options = dataclasses.replace(base, **decode)
+    sources, cut = encode_each(engine, options, texts)
+    shapes = shapes_of(engine, options, sources, guides)
     needed = max((shape.bytes(engine) for shape in shapes), default=0)
     if needed > limits.max_search_bytes:
         raise RequestError(413, f"this request would need about {format_bytes(needed)} for one search, over the "
@@ -94,7 +114,7 @@ def admit(engine, base, limits: Limits, texts: Sequence[str], decode: dict[str, 
     whole = SearchShape()
     for shape in shapes:
         whole = whole.joined(shape)
-    return whole
+    return whole, cut
 
 
 def format_bytes(count: int) -> str:

@@ -1,9 +1,10 @@
 """The server's counters for ``GET /metrics``, in Prometheus's text exposition format.
 
-Requests answered, lines translated, failed requests, refusals by reason, the lines and
-requests of every translator call (histograms) and the latency of answered requests (a
-histogram). Updated from the event loop and the batcher's thread, so every update and
-every read holds one lock: a scrape sees a consistent set, and no increment is lost.
+Requests answered, lines translated, failed requests, refusals by reason, requests whose
+client left before the answer, the lines and requests of every translator call (histograms)
+and the latency of answered requests (a histogram). Updated from the event loop and the
+batcher's thread, so every update and every read holds one lock: a scrape sees a consistent
+set, and no increment is lost.
 """
 from __future__ import annotations
 
@@ -41,12 +42,11 @@ class Histogram:
 
 
 class Metrics:
-    """Everything ``/metrics`` reports; ``answered``, ``failed``, ``rejected`` and ``batch``
-    may be called from any thread."""
+    """Everything ``/metrics`` reports; every method may be called from any thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests = self.lines = self.failed = 0
+        self.requests = self.lines = self.failed = self.gone = 0
         self.rejected = {reason: 0 for reason in REASONS}
         self.latency = Histogram("nmtkit_request_latency_seconds",
                                  "Time from a translate request's arrival to its answer, answered requests only.",
@@ -65,6 +65,10 @@ class Metrics:
         with self._lock:
             self.failed += 1
 
+    def disconnected(self) -> None:
+        with self._lock:
+            self.gone += 1
+
     def reject(self, reason: str) -> None:
         with self._lock:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -80,7 +84,9 @@ class Metrics:
             out = counter("nmtkit_requests_total", "Translate requests answered with 200.", self.requests)
             out += counter("nmtkit_lines_total", "Lines translated in answered requests.", self.lines)
             out += counter("nmtkit_failed_requests_total", "Translate requests answered with 500.", self.failed)
-            out += ["# HELP nmtkit_rejected_requests_total Requests refused with a 4xx or 503, by reason.",
+            out += counter("nmtkit_disconnected_requests_total", "Translate requests whose client left before the "
+                           "answer (their translation dropped or stopped).", self.gone)
+            out += ["# HELP nmtkit_rejected_requests_total Requests refused with a 4xx, 503 or 504, by reason.",
                     "# TYPE nmtkit_rejected_requests_total counter"]
             out += [f'nmtkit_rejected_requests_total{{reason="{reason}"}} {count}'
                     for reason, count in sorted(self.rejected.items())]

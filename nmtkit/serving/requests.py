@@ -30,12 +30,14 @@ LANGUAGE_FIELD = "target_lang"  # a multilingual model: the language of every tr
 MAX_PHRASES = 32  # constraint phrases per text
 # why a request was refused: the label of nmtkit_rejected_requests_total (every one is exported, 0 included)
 REASONS = ("invalid", "body_size", "texts", "text_length", "phrases", "search_memory", "out_of_memory",
-           "read_timeout", "unauthorized", "shutting_down", "route")
+           "read_timeout", "unauthorized", "shutting_down", "route", "connections", "queue_full", "request_timeout")
+LARGEST_BEAM = DECODE_RANGES["beam_size"][2]  # what --max-beam may allow
 
 
 class RequestError(Exception):
-    """A request the server refuses: ``status`` (4xx; 503 when it is stopping or out of memory), a
-    one-line message, the ``reason`` /metrics counts it under, and any ``headers`` to answer with."""
+    """A request the server refuses: ``status`` (4xx; 503 when it is busy, stopping or out of memory;
+    504 when its translation ran out of time), a one-line message, the ``reason`` /metrics counts
+    it under, and any ``headers`` to answer with."""
 
     def __init__(self, status: int, message: str, reason: str = "invalid",
                  headers: Optional[dict[str, str]] = None) -> None:
@@ -52,7 +54,10 @@ class Limits:
     max_line_chars: int = 2000
     max_beam: int = 16
     max_search_bytes: int = 4 << 30  # the estimated peak memory of one search call (decoding/cost.py)
-    read_timeout_s: float = 30.0  # a body must arrive in full this soon after its headers
+    read_timeout_s: float = 30.0  # a request's head, then its body, must each arrive in full this soon
+    request_timeout_s: float = 60.0  # a request must be translated this soon after its body arrived
+    max_queued: int = 64  # requests waiting for the model; more are refused with 503
+    max_connections: int = 256  # open connections; more are refused with 503 as they connect
 
     def check(self, beam_size: int, **defaults: Any) -> None:
         """The limits are usable and admit the server's own ``beam_size`` and other decode
@@ -60,11 +65,16 @@ class Limits:
         two answer differently."""
         from nmtkit.errors import ConfigError
 
-        if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam, self.max_search_bytes) < 1:
-            raise ConfigError("--max-body-bytes, --max-lines, --max-line-chars, --max-beam and --max-search-bytes "
-                              "must be at least 1")
-        if not 0 < self.read_timeout_s <= 3600:  # NaN fails too
-            raise ConfigError(f"--read-timeout must be above 0 and at most 3600 seconds, not {self.read_timeout_s}")
+        if min(self.max_body_bytes, self.max_lines, self.max_line_chars, self.max_beam, self.max_search_bytes,
+               self.max_queued, self.max_connections) < 1:
+            raise ConfigError("--max-body-bytes, --max-lines, --max-line-chars, --max-beam, --max-search-bytes, "
+                              "--max-queued and --max-connections must be at least 1")
+        if self.max_beam > LARGEST_BEAM:  # a request's beam_size and nbest stop there whatever --max-beam says
+            raise ConfigError(f"--max-beam {self.max_beam} is over {LARGEST_BEAM}, the largest beam_size a request "
+                              "may ask for")
+        for flag, seconds in (("--read-timeout", self.read_timeout_s), ("--request-timeout", self.request_timeout_s)):
+            if not 0 < seconds <= 3600:  # NaN fails too
+                raise ConfigError(f"{flag} must be above 0 and at most 3600 seconds, not {seconds}")
         if beam_size > self.max_beam:
             raise ConfigError(f"the server's beam size {beam_size} (--beam-size, else the model's decode settings) "
                               f"is over --max-beam {self.max_beam}: give a smaller --beam-size or a larger --max-beam")
@@ -90,7 +100,9 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
     except UnicodeDecodeError as err:
         raise RequestError(400, f"body is not valid UTF-8 (byte {err.start})") from None
     try:
-        payload = json.loads(text)
+        payload = json.loads(text, object_pairs_hook=unique_keys)
+    except RepeatedKey as err:
+        raise RequestError(400, f"body repeats the key {shown_key(str(err))}: give each field once") from None
     except json.JSONDecodeError as err:
         raise RequestError(400, f"body is not JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
@@ -112,6 +124,26 @@ def parse_request(body: bytes, limits: Limits) -> TranslateRequest:
     if LANGUAGE_FIELD in payload:  # a setting like the others: requests that share it share batches
         decode[LANGUAGE_FIELD] = check_language(payload[LANGUAGE_FIELD])
     return TranslateRequest(texts, decode, check_guides(payload.get("prefixes"), payload.get("constraints"), texts, limits))
+
+
+class RepeatedKey(ValueError):
+    """A JSON object names the same key twice (its message is the key)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice: json.loads would keep the last
+    silently, so {"beam_size": 1, "beam_size": 16} would run at 16 whatever the client meant."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+def shown_key(key: str) -> str:
+    """``key`` for a one-line message: quoted, and cut when long."""
+    return repr(key) if len(key) <= 40 else repr(key[:40]) + "..."
 
 
 def check_texts(texts: Any, limits: Limits) -> list[str]:
