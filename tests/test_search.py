@@ -309,3 +309,16 @@ def test_one_sentence_limit_without_torch_equals_the_batched_rule():
         alone = [output_limit(row[keep].tolist(), a, b, positions, 0 if prefixes is None else int(prefixes[i]))
                  for i, (row, keep) in enumerate(zip(src, mask))]
         assert alone == batched, (trial, a, b, positions)
+
+
+def test_an_unknown_piece_counts_toward_the_length_limit():
+    """The paper's limit is input length + 50: a line of <unk> pieces (an unseen script, with byte
+    fallback off) gets the same limit as a line of known pieces of that length, in both engines' rules."""
+    from nmtkit.decoding.hypothesis import output_limit
+    from nmtkit.decoding.search import output_limits
+    from nmtkit.specials import UNK
+
+    src = torch.tensor([[5, UNK, UNK, UNK, EOS], [5, 6, 7, 8, EOS], [BOS, 5, EOS, PAD, PAD]])
+    mask = src.ne(PAD)
+    assert output_limits(src, mask, 1.0, 50, None).tolist() == [54, 54, 51]
+    assert [output_limit(row[keep].tolist(), 1.0, 50, None) for row, keep in zip(src, mask)] == [54, 54, 51]

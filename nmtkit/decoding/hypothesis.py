@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from nmtkit.specials import EOS
+from nmtkit.specials import EOS, UNK
 
 
 @dataclass
@@ -29,9 +29,10 @@ def length_penalty(length, alpha: float):
 def output_limit(source: list[int], max_len_a: float, max_len_b: int, max_positions: Optional[int],
                  prefix_length: int = 0) -> int:
     """The longest output of one sentence (pieces, EOS excluded): a * |x| + b over its real
-    source pieces (specials not counted), at least its prefix, within max_positions. In float32, as
+    source pieces (BOS, EOS and PAD not counted; an unknown piece is a word of the input), at least its
+    prefix, within max_positions. In float32, as
     ``search.output_limits`` computes it for a batch of tensors, so both give the same limit."""
-    pieces = float(sum(1 for piece in source if piece > EOS))  # exact in float32 (< 2 ** 24)
+    pieces = float(sum(1 for piece in source if piece > EOS or piece == UNK))  # exact in float32 (< 2 ** 24)
     limit = math.floor(_f32(_f32(pieces * _f32(max_len_a)) + _f32(max_len_b)))
     limit = max(limit, 0, prefix_length)
     return limit if max_positions is None else min(limit, max_positions - 1)

@@ -36,7 +36,7 @@ from nmtkit.decoding.constraints import LexicalConstraints
 from nmtkit.decoding.hypothesis import Hypothesis, length_penalty
 from nmtkit.decoding.options import SearchSettings
 from nmtkit.models.base import Seq2Seq
-from nmtkit.specials import BOS, EOS, PAD
+from nmtkit.specials import BOS, EOS, PAD, UNK
 
 NEG_INF = float("-inf")
 # greedy search drops finished sentences only once they are over this share of its batch: each drop
@@ -52,7 +52,7 @@ def output_limits(src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: in
     """[B] longest output (pieces, EOS excluded) per sentence: a * |x| + b, at least the
     sentence's prefix (``prefix_lengths`` [B]), within max_positions (one sentence without torch:
     ``hypothesis.output_limit``)."""
-    src_pieces = (src_mask & src.gt(EOS)).sum(1).float()  # real pieces, not specials
+    src_pieces = (src_mask & (src.gt(EOS) | src.eq(UNK))).sum(1).float()  # pieces, <unk> too; not BOS/EOS/PAD
     limits = torch.floor(src_pieces * max_len_a + max_len_b).long().clamp(min=0)
     if prefix_lengths is not None:
         limits = torch.maximum(limits, prefix_lengths)

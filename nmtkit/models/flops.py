@@ -12,7 +12,7 @@ al. 2022. Self-attention counts the whole T x T score matrix, as the kernels com
 The count of a batch is linear in six sums over its sentences (source length S, target length
 T, i.e. the target pieces plus EOS), so one ``FlopCount`` per model gives any batch's count from
 its lengths: flops = sentences c0 + ΣS c_s + ΣT c_t + ΣS² c_ss + ΣT² c_tt + ΣST c_st.
-tests/test_flops.py checks these counts against torch's own FlopCounterMode.
+tests/test_budgets.py checks these counts against torch's own FlopCounterMode.
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Label-smoothed cross-entropy (Szegedy et al. 2016), as used by Vaswani et al. 2017."""
+"""Label-smoothed cross-entropy in Szegedy et al.'s (2016) form, PyTorch's: 1 - eps on the gold piece and eps / V
+on every piece, the gold one too. tensor2tensor (the paper's code) and fairseq spread eps / (V - 1) over the
+others only; the two differ less the larger the vocabulary."""
 from __future__ import annotations
 
 from typing import Optional
