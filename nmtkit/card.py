@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from nmtkit.errors import CheckpointError, NmtkitError
 from nmtkit.modeldir import read_json
-from nmtkit.runlog import read_metrics, read_run_config
+from nmtkit.runlog import is_count, is_finite_number, read_metrics, read_run_config
 from nmtkit.storage.checksums import verify
 from nmtkit.workdir import RunDir, WorkDir
 
@@ -106,27 +106,18 @@ def _data_summary(manifest: dict, manifest_path: Path) -> dict:
             raise TypeError(f"{key} must be a mapping, got {value!r}"[:200])
     splits = {}
     for split, info in splits_in.items():
-        if not isinstance(info, dict) or not _count(info.get("pairs"), none=True):
+        if not isinstance(info, dict) or not (info.get("pairs") is None or is_count(info["pairs"])):
             raise TypeError(f"splits.{split} must give a count of pairs, got {info!r}"[:200])
         splits[split] = {"pairs": info.get("pairs")}
         if split in tokens:
             counts = tokens[split]
-            if not isinstance(counts, dict) or not all(_count(counts.get(side)) for side in ("src", "tgt")):
+            if not isinstance(counts, dict) or not all(is_count(counts.get(side)) for side in ("src", "tgt")):
                 raise TypeError(f"tokens.{split} must give src and tgt counts, got {counts!r}"[:200])
             splits[split]["tokens"] = {side: counts[side] for side in ("src", "tgt")}
-    if not all(_count(cleaning.get(key), none=True) for key in ("read", "kept")):
+    if not all(cleaning.get(key) is None or is_count(cleaning[key]) for key in ("read", "kept")):
         raise TypeError("cleaning.read and cleaning.kept must be counts")
     return {"manifest": str(manifest_path), "source": manifest.get("source"), "splits": splits,
             **({"train_read": cleaning["read"], "train_kept": cleaning.get("kept")} if "read" in cleaning else {})}
-
-
-def _count(value, none: bool = False) -> bool:
-    """A non-negative integer (or, with ``none``, null)."""
-    return (none and value is None) or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def recipe_settings(config: dict) -> dict:
@@ -218,15 +209,22 @@ def basic_card(model_dir: Path, meta: dict, warn: Callable[[str], None] = lambda
 def _saved_at(model_dir: Path, meta: dict, warn: Callable[[str], None]) -> dict:
     """The step, dev scores and averaged checkpoints a model was saved with; a value of another
     kind (a hand-edited or foreign config) is left out, said through ``warn``."""
-    kinds = {"step": ("a count", _count), "averaged_from": ("a list of checkpoint names", lambda v: isinstance(
-        v, list) and all(isinstance(name, str) for name in v)), **{k: ("a number", _number) for k in SCORES}}
+    kinds = {"step": ("a count", is_count), "averaged_from": ("a list of checkpoint names", lambda v: isinstance(
+        v, list) and all(isinstance(name, str) for name in v)), **{k: ("a number", is_finite_number) for k in SCORES}}
     saved = {}
     for key, (kind, fits) in kinds.items():
         if key in meta and fits(meta[key]):
             saved[key] = meta[key]
         elif key in meta:
-            warn(f"{model_dir}: its {key} is not {kind} ({str(meta[key])[:80]}): left out of the card")
+            warn(f"{model_dir}: its {key} is not {kind} ({_shown(meta[key])}): left out of the card")
     return saved
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value from a file, for a warning: its repr (quoted, newlines and other characters
+    escaped), cut to ``limit`` characters, as a hand-edited config may hold anything."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _decode_origin(meta: dict) -> str:
@@ -337,7 +335,7 @@ def print_card(card: dict, file=None) -> None:
 
 def _text(value: Any) -> str:
     """A card value for the table: thousands separators, short floats, best-of dicts."""
-    if isinstance(value, dict) and set(value) == {"score", "step"} and _count(value["step"]):
+    if isinstance(value, dict) and set(value) == {"score", "step"} and is_count(value["step"]):
         return f"{_text(value['score'])} at step {value['step']:,}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_text(v) for v in value)

@@ -197,18 +197,24 @@ def read_meta(model_dir: str | Path) -> dict:
     return meta
 
 
-def model_dir_problem(path: Path) -> Optional[str]:
-    """Why ``path`` is not a complete model directory as ``save_model_dir`` writes it (None:
-    it is one, so an explicit ``-o`` may replace it)."""
+FINDER_LITTER = ".DS_Store"  # what macOS's Finder leaves in any folder it shows: no one's work
+
+
+def model_dir_problem(path: Path, extra: tuple[str, ...] = ()) -> Optional[str]:
+    """Why ``path`` is not a complete model directory as ``save_model_dir`` writes it, with the
+    files ``extra`` too (a checkpoint's trainer state); None: it is one, so an explicit ``-o``
+    may replace it."""
     try:
         meta = read_meta(path)
     except CheckpointError:
         return f"is not an nmtkit model directory (no readable {CONFIG})"
-    expected = {*MODEL_FILES, *vocab_files(meta)}
+    expected = {*MODEL_FILES, *vocab_files(meta), *extra}
     missing = sorted(name for name in expected if not (path / name).is_file())
     if missing:
         return f"is an incomplete model directory (no {missing[0]})"
     for entry in sorted(path.iterdir()):  # checksums.json: in every directory written since it exists
+        if entry.name == FINDER_LITTER:
+            continue
         if entry.name not in {*expected, MANIFEST} or entry.is_symlink() or not entry.is_file():
             return f"holds {entry.name}, which is not part of a model directory"
     return None

@@ -2,11 +2,14 @@
 lines (step, loss, lr, train_seconds, ...) and ``valid`` lines (step, dev scores). Written by
 the trainer (``MetricsLog``) and read by everything that shows a run (curves, the model card,
 the sweep table), with one rule for a damaged line (``parse_record``); and RUN_DIR/config.yaml,
-the recipe a run was trained with, which resume compares and the model card shows.
+the recipe a run was trained with, which resume compares and the model card shows. Also the
+checks of the counts and numbers a run records (``is_count``, ``is_finite_number``), shared by
+the checkpoint loader and the model card.
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +17,8 @@ from nmtkit.errors import ConfigError, DataError, NmtkitError
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, safe_yaml
 from nmtkit.storage.files import atomic_write_text, read_regular
 from nmtkit.workdir import RunDir, WorkDir
+
+RESTART = "`nmtkit train RECIPE --restart`"  # what every refusal to resume suggests: `run` has no --restart
 
 
 def parse_record(line: str) -> Optional[dict]:
@@ -34,6 +39,16 @@ def parse_record(line: str) -> Optional[dict]:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value) -> bool:
+    """A non-negative integer (not a bool), as a run records steps and counts."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_finite_number(value) -> bool:
+    """A finite int or float (not a bool): what a run records as a score or a sum (JSON lets NaN in)."""
+    return _is_number(value) and math.isfinite(value)
 
 
 def read_run_config(run_dir: str | Path) -> Optional[dict]:
@@ -74,7 +89,7 @@ def check_resume_settings(cfg, run_dir: Path, console) -> None:
     if old_model != json.loads(json.dumps(now["model"])):
         changed = sorted(k for k in now["model"] if old_model.get(k) != now["model"][k])
         raise ConfigError(f"model settings differ from the checkpoints in {run_dir} ({', '.join(changed)}); "
-                          f"use --restart to train a new model (`nmtkit train RECIPE --restart`)")
+                          f"use --restart to train a new model ({RESTART})")
     for section in ("train", "vocab", "data"):  # data: what resume may change is corpus weights
         old, new = saved_section(saved, section, cfg), json.loads(json.dumps(now[section]))
         for key in sorted(new):

@@ -194,10 +194,11 @@ def session(recipe: Path, **train) -> tuple[str, int]:
     return text.getvalue(), 0
 
 
-def records(run_dir: Path) -> list[dict]:
+def records(run_dir: Path, timing: tuple[str, ...] = ()) -> list[dict]:
+    """The run's metrics records without the fields a crash may change, but for those in ``timing``."""
     from support.resume import TIMING_FIELDS
 
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS}
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS or k in timing}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -210,10 +211,25 @@ def test_the_first_record_after_a_resume_averages_what_an_uninterrupted_runs_doe
     """log_every 10 with save_every 5: a run resumed from step 15 logs step 20 over updates
     11-20 (loss, nll, ppl, router statistics), as the uninterrupted run did, not over 16-20.
     A newest checkpoint removed (as a kill just before it was written leaves things) makes
-    step 15 the one resumed from; the best/ of step 20 goes with it, and comes back."""
+    step 15 the one resumed from; the best/ of step 20 goes with it, and comes back. Every update
+    takes one second of a fake clock, so the throughput is exact too: over the window's ten
+    updates, not over the five of this session (which showed twice the uninterrupted run's)."""
+    import time
+    from types import SimpleNamespace
+
     from nmtkit.modeldir import WEIGHTS, read_weights
+    from nmtkit.training import trainer
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    clock = [0.0]
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=lambda: clock[0], strftime=time.strftime))
+    real_step = trainer.Trainer._step
+
+    def one_second(self, *args):
+        clock[0] += 1.0
+        return real_step(self, *args)
+
+    monkeypatch.setattr(trainer.Trainer, "_step", one_second)
     recipe = make_task(tmp_path, max_steps=20)
     settings = yaml.safe_load(recipe.read_text())
     settings["model"].update(model)
@@ -221,16 +237,35 @@ def test_the_first_record_after_a_resume_averages_what_an_uninterrupted_runs_doe
     recipe.write_text(yaml.safe_dump(settings))
     run_dir = tmp_path / "train"
     assert session(recipe)[1] == 0
-    uninterrupted, best = records(run_dir), read_weights(run_dir / "best" / WEIGHTS)
+    timing = ("tgt_tok_s", "train_seconds")
+    uninterrupted, best = records(run_dir, timing), read_weights(run_dir / "best" / WEIGHTS)
     assert [r["step"] for r in uninterrupted if r["type"] == "train"] == [10, 20]
+    assert [r["train_seconds"] for r in uninterrupted if r["type"] == "train"] == [10.0, 20.0]
     assert ("moe_load" in uninterrupted[-2]) == bool(model)
     shutil.rmtree(run_dir / "checkpoints" / "step_00000020")
     printed, code = session(recipe)
     assert code == 0 and "resumed from step_00000015" in printed
     assert f"removed {run_dir / 'best'} (step 20): it is past the checkpoint the run resumes from (step 15)" in printed
-    assert records(run_dir) == uninterrupted
+    assert records(run_dir, timing) == uninterrupted
     again = read_weights(run_dir / "best" / WEIGHTS)
     assert again.keys() == best.keys() and all(torch.equal(again[k], best[k]) for k in best)
+
+
+def test_a_window_saved_by_several_processes_is_merged_as_one_process_would_have_summed_it():
+    """Each process sums its own micro-batches' losses and router statistics, but counts every
+    process's tokens and the updates (Trainer._step): summing those too halved the first loss
+    per token logged after a resume from 2 processes to 1."""
+    from nmtkit.training.trainer import _merged_windows
+
+    router = {"layers": ["encoder.1"], "sums": [[0.5, 0.0, 1.0, 3.0, 10.0, 20.0]]}
+    windows = [{"loss": 6.0, "nll": 5.0, "tokens": 300, "steps": 3, "seconds": 1.5, "router": router},
+               {"loss": 4.0, "nll": 3.0, "tokens": 300, "steps": 3, "seconds": 1.75,
+                "router": {**router, "sums": [[0.25, 0.0, 2.0, 3.0, 5.0, 25.0]]}}]
+    assert _merged_windows(windows) == {"loss": 10.0, "nll": 8.0, "tokens": 300, "steps": 3, "seconds": 1.75,
+                                        "router": {"layers": ["encoder.1"],
+                                                   "sums": [[0.75, 0.0, 3.0, 6.0, 15.0, 45.0]]}}
+    older = [{k: w[k] for k in ("loss", "nll", "tokens", "steps")} for w in windows]  # kept no seconds
+    assert _merged_windows(older) == {"loss": 10.0, "nll": 8.0, "tokens": 300, "steps": 3, "seconds": 0.0}
 
 
 def test_best_is_staged_until_the_checkpoint_of_its_step_is_saved(tmp_path, monkeypatch):
@@ -264,7 +299,30 @@ def test_best_is_staged_until_the_checkpoint_of_its_step_is_saved(tmp_path, monk
     assert saved_step(run_dir / ".best.nmtkit-staged") == 15  # validated, not yet checkpointed
     printed, code = session(recipe, max_steps=12)
     assert code == 0, printed
-    assert saved_step(run_dir / "best") in (10, 12) and not (run_dir / ".best.nmtkit-staged").exists()
+    assert not (run_dir / ".best.nmtkit-staged").exists()
+    # the session's last validation (step 12) scored better than step 10: best/ is its model, once saved
+    assert [(r["step"], r["best"]) for r in records(run_dir) if r["type"] == "valid"] == [(5, True), (10, True),
+                                                                                         (12, True)]
+    assert saved_step(run_dir / "best") == 12 == newest_step(run_dir)
+
+
+def test_a_best_that_cannot_be_written_is_a_one_line_error(tmp_path, monkeypatch):
+    """best/ goes in place after the checkpoint is saved, outside the save's own error handling:
+    a read-only or full run directory is said in one line there too, not as a traceback."""
+    import errno
+
+    from nmtkit.training import trainer
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    best = tmp_path / "train" / "best"
+
+    def read_only(staged, out):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out))
+
+    monkeypatch.setattr(trainer, "replace_directory", read_only)
+    printed, code = session(make_task(tmp_path, max_steps=2), save_every=2, validate_every=2)
+    assert code == 1 and printed.splitlines()[-1] == f"error: cannot write {best}: Read-only file system"
+    assert newest_step(tmp_path / "train") == 2 and (tmp_path / "train" / ".best.nmtkit-staged").is_dir()
 
 
 def test_a_no_op_session_leaves_the_run_config_alone(tmp_path, monkeypatch):

@@ -221,15 +221,17 @@ def test_ctranslate2_decodes_at_short_length_limits_as_torch(exported, settings)
 
 def test_ctranslate2_samples_every_chunk_under_any_seed_and_a_resumed_run_alike(exported, tmp_path, monkeypatch):
     """CTranslate2 takes an unsigned 32-bit seed: every chunk after the first (its seed a 63-bit
-    digest) and any --seed from 2 ** 32 raised TypeError. A chunk's seed is taken modulo 2 ** 32,
-    so a run killed between chunks resumes to the uninterrupted run's samples."""
+    digest) and any --seed from 2 ** 32 raised TypeError. A chunk's seed is taken modulo
+    2 ** 32 - 1, so a run killed between chunks resumes to the uninterrupted run's samples, and
+    --seed 4294967295 is not CTranslate2's "a random seed" (2 ** 32 - 1) either. Sampled hot, so
+    that a random seed would show."""
     _, export = exported
     lines = [s for s, _ in reversal_pairs(6, 4, length=6)]
     source, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
     real = Translator.translate
-    for seed in (3, 2**40 + 3):
+    for seed in (3, 2**40 + 3, 2**32 - 1):
         options = TranslateOptions(sample=True, seed=seed, chunk_lines=2, max_len_b=12, device="cpu",
-                                   dtype="float32", engine="ctranslate2")
+                                   dtype="float32", engine="ctranslate2", temperature=3.0)
         translate_file([str(export)], str(source), str(out), options, quiet_console())
         whole = out.read_bytes()
         assert whole.count(b"\n") == len(lines)
@@ -248,6 +250,31 @@ def test_ctranslate2_samples_every_chunk_under_any_seed_and_a_resumed_run_alike(
         out.unlink()
         translate_file([str(export)], str(source), str(out), options, quiet_console())  # resumes from chunk 2
         assert out.read_bytes() == whole
+
+
+def test_a_reseeded_translator_is_dropped_before_its_reload_and_a_failed_reload_is_one_line(exported, monkeypatch):
+    """Reloading beside the old translator held two copies of the model (twice the memory, on a
+    GPU too); a reload that fails (out of memory) is the engine's one-line load error."""
+    from nmtkit.errors import CheckpointError
+
+    _, export = exported
+    seeds = []
+    monkeypatch.setattr(ctranslate2, "set_random_seed", seeds.append)
+    options = TranslateOptions(sample=True, seed=2**32 - 1, max_len_b=12, device="cpu", dtype="float32",
+                               engine="ctranslate2")
+    engine = CT2Engine(export, options)
+    Translator(engine, options).translate([s for s, _ in reversal_pairs(2, 4, length=6)])
+    held = []
+
+    def out_of_memory():
+        held.append(engine.ct2)
+        raise RuntimeError("out of memory\nwhile allocating")
+
+    engine.load = out_of_memory
+    with pytest.raises(CheckpointError) as failed:
+        engine.reseed(2**33)
+    assert str(failed.value) == f"{export}: CTranslate2 cannot load this export (out of memory)"
+    assert held == [None] and seeds == [0, 2]  # 2 ** 32 - 1 and 2 ** 33, modulo 2 ** 32 - 1
 
 
 def test_ctranslate2_takes_a_top_k_past_the_vocabulary_as_torch_does(exported):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,19 +147,79 @@ def test_tidy_and_prune_remove_only_what_dead_nmtkit_processes_left(tmp_path):
                                                         "step_1"]
 
 
+def test_an_older_nmtkits_parked_copies_go_back_only_when_complete_and_missing(tmp_path, model_dir):
+    """An nmtkit before the swap parked best/ and a checkpoint it replaced as .best.old and
+    .step_N.old and promised a resumed run moves them back: after a kill between its two
+    renames, best/ stayed missing. Only a complete copy goes back, only where nothing is."""
+    from nmtkit.training.checkpoint import TRAINER_JSON, TRAINER_TENSORS, tidy_run_dir
+
+    run = tmp_path / "train"
+    ckpts = run / "checkpoints"
+
+    def parked(path: Path, trainer: tuple[str, ...] = (TRAINER_JSON, TRAINER_TENSORS)) -> Path:
+        shutil.copytree(model_dir, path)
+        for name in trainer:
+            (path / name).write_text("{}\n")
+        write_manifest(path, [p.name for p in path.iterdir() if p.name != "checksums.json"])
+        return path
+
+    back = {run / ".best.old": run / "best", ckpts / ".step_00000010.old": ckpts / "step_00000010"}
+    parked(run / ".best.old", ())
+    parked(ckpts / ".step_00000010.old")
+    expected = {target: tree(path) for path, target in back.items()}
+    stay = [parked(run / ".averaged.old", ()),  # never an older nmtkit's promise
+            parked(ckpts / ".step_00000020.old", (TRAINER_JSON,)),  # incomplete
+            parked(ckpts / ".step_00000030.old"), parked(ckpts / "step_00000030"),  # its place is taken
+            parked(run / ".best.nmtkit-notes.old", ())]
+    (run / ".best.old" / "notes.txt").write_text("mine\n")  # not a model directory: the user's
+    kept = {path: tree(path) for path in stay}
+    kept[run / ".best.old"] = tree(run / ".best.old")
+    tidy_run_dir(run)
+    assert {path: tree(path) for path in kept} == kept and not (run / "best").exists()
+    (run / ".best.old" / "notes.txt").unlink()
+    del kept[run / ".best.old"]
+    tidy_run_dir(run)
+    assert {target: tree(target) for target in back.values()} == expected
+    assert {path: tree(path) for path in kept} == kept and not any(os.path.lexists(path) for path in back)
+
+
+def test_a_finder_file_in_best_is_no_reason_to_refuse_and_restart_skips_the_check(tmp_path, prepared, monkeypatch,
+                                                                                  capsys):
+    """best/ is checked so that nmtkit never replaces a directory of the user's; macOS's Finder
+    leaves a .DS_Store in any folder it shows, and --restart moves the whole run aside anyway."""
+    recipe = recipe_in(tmp_path, prepared, max_steps=2, save_every=2, validate_every=2)
+    assert cli(monkeypatch, capsys, "-q", "train", str(recipe))[0] == 0
+    best = tmp_path / "train" / "best"
+    (best / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    assert cli(monkeypatch, capsys, "-q", "train", str(recipe), "train.max_steps=4")[0] == 0
+    (best / "notes.txt").write_text("my notes\n")
+    notes = tree(best)
+    code, err = cli(monkeypatch, capsys, "-q", "train", str(recipe), "--restart")
+    assert code == 0, err
+    [backup] = [p for p in tmp_path.iterdir() if p.name.startswith("train.old-")]
+    assert tree(backup / "best") == notes
+
+
 # --- a directory replaced by two renames survives a kill between them ------------------------
 
-KILL_BETWEEN = """
+KILL_INSIDE = """
 import os, signal, sys
 from pathlib import Path
 import nmtkit.storage.files as files
-files._exchange = lambda a, b: False  # as on a kernel or file system without RENAME_EXCHANGE
-real = os.replace
-def replace(src, dst):
-    real(src, dst)
-    if ".nmtkit-old-" in Path(dst).name:
+if sys.argv[3] == "two-renames":
+    files._exchange = lambda a, b: False  # as on a kernel, file system or sandbox without RENAME_EXCHANGE
+    real = os.replace
+    def replace(src, dst):
+        real(src, dst)
+        if ".nmtkit-old-" in Path(dst).name:  # between the two renames
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.replace = replace
+else:
+    real = files._exchange
+    def exchange(a, b):
+        real(a, b)  # one syscall, which no kill splits: killed as soon as it returns, the old copy still there
         os.kill(os.getpid(), signal.SIGKILL)
-os.replace = replace
+    files._exchange = exchange
 files.replace_directory(Path(sys.argv[1]), Path(sys.argv[2]))
 """
 
@@ -169,20 +230,42 @@ def model_like(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("exchange", [True, False], ids=["one-rename", "two-renames"])
-def test_a_replaced_directory_is_never_lost(tmp_path, monkeypatch, exchange):
+@pytest.mark.parametrize("how", ["exchange", "two-renames"])
+def test_a_replaced_directory_is_never_lost(tmp_path, monkeypatch, how):
+    """A kill inside replace_directory leaves one complete copy, old or new, where a reader finds
+    it (the swap) or where the next write takes it back (parked between two renames)."""
     import nmtkit.storage.files as files
 
+    if how == "exchange" and not files._exchange(model_like(tmp_path / "a", "a"), model_like(tmp_path / "b", "b")):
+        pytest.skip("this file system cannot swap two directories in one rename")
+    for probe in ("a", "b"):
+        shutil.rmtree(tmp_path / probe, ignore_errors=True)
     out = model_like(tmp_path / "averaged", "first")
     (tmp_path / ".averaged.old").mkdir()  # the user's: never ours to touch
-    killed = subprocess.run([sys.executable, "-c", KILL_BETWEEN, str(model_like(tmp_path / "new", "second")),
-                             str(out)], capture_output=True)
+    killed = subprocess.run([sys.executable, "-c", KILL_INSIDE, str(model_like(tmp_path / "new", "second")),
+                             str(out), how], capture_output=True)
     assert killed.returncode == -signal.SIGKILL
     parked = [p for p in tmp_path.iterdir() if p.name.startswith(".averaged.nmtkit-old-")]
-    assert not out.exists() and len(parked) == 1 and (parked[0] / "weights").read_text() == "first"
-    if not exchange:
-        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
-    replace_directory(model_like(tmp_path / "third", "third"), out)  # the next write: the parked copy taken back
+    if how == "exchange":  # swapped: the new copy in place, the old one under the name the new one had
+        assert (out / "weights").read_text() == "second" and (tmp_path / "new" / "weights").read_text() == "first"
+        assert parked == []
+    else:
+        assert not out.exists() and len(parked) == 1 and (parked[0] / "weights").read_text() == "first"
+    replace_directory(model_like(tmp_path / "third", "third"), out)  # the next write: a parked copy taken back
     assert (out / "weights").read_text() == "third"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".averaged.old", "averaged", "new"]
     assert parked_name(out).startswith(f".averaged.nmtkit-old-{_HOST}-{os.getpid()}-")
+
+
+def test_a_sandbox_that_refuses_renameat2_gets_two_renames(tmp_path, monkeypatch):
+    """seccomp filters answer a syscall they do not allow with EPERM: that is a kernel that cannot
+    swap, not a failed write."""
+    import errno
+
+    import nmtkit.storage.files as files
+
+    monkeypatch.setattr(files, "_renameat2", lambda: (lambda *args: -1, lambda: errno.EPERM))
+    out = model_like(tmp_path / "averaged", "first")
+    replace_directory(model_like(tmp_path / "new", "second"), out)
+    assert (out / "weights").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["averaged"]

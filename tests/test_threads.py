@@ -86,3 +86,46 @@ def test_niced_time_is_busy_only_where_nice_does_not_take_effect(tmp_path, monke
     monkeypatch.setattr(os, "nice", lambda increment: 10)
     assert threads.niced_work_yields(str(autogroup)) is False  # niced ourselves: niced peers are equals
 
+
+
+class Console(Notes):
+    def __init__(self):
+        super().__init__()
+        self.warnings = []
+
+    def warn(self, text):
+        self.warnings.append(text)
+
+
+@pytest.mark.parametrize("busy, expected", [
+    (1.0, "other processes keep 1.0 of 4 cores busy: this run goes on with the 4 thread(s) it started with, so "
+          "that it resumes exactly (train.threads sets another count, at the cost of that)"),
+    (None, "auto would train with 2 thread(s) now: this run goes on with the 4 thread(s) it started with, so that "
+           "it resumes exactly (train.threads sets another count, at the cost of that)")], ids=["busy", "unmeasured"])
+def test_a_resumed_run_keeps_its_count_and_says_the_load_it_measured(monkeypatch, restore_threads, busy, expected):
+    """The load is the reading's, as data (not cut out of another message's text)."""
+    from nmtkit.training.startup import training_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(threads, "busy_cores_of_others", lambda cpus: busy)
+    monkeypatch.setattr(threads, "_pool", threads._Pool())
+    torch.set_num_threads(4 if busy is not None else 2)  # unmeasured: PyTorch's default (2) is auto's count
+    console = Console()
+    assert training_threads(0, 4, console) == 4 == torch.get_num_threads()
+    assert console.lines == [expected] and console.warnings == []
+
+
+def test_a_resumed_run_trains_with_no_more_threads_than_cpus_it_has_now(monkeypatch, restore_threads):
+    """A run recorded 16 threads on a bigger machine: 16 threads on 2 CPUs would crawl, so it
+    trains with 2 and warns that it is no longer exact."""
+    from nmtkit.training.startup import training_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "busy_cores_of_others", lambda cpus: pytest.fail("measured for a capped count"))
+    console = Console()
+    assert training_threads(0, 16, console) == 2 == torch.get_num_threads()
+    assert console.warnings == ["this run trained with 16 thread(s) but 2 CPU(s) are available now: training with 2; "
+                                "the weights depend on the count, so the run no longer resumes exactly (bit for bit)"]
+    assert console.lines == []

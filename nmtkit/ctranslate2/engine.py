@@ -136,14 +136,11 @@ class CT2Engine:
 
             threads = torch.get_num_threads
         intra_threads = threads()
+        self.model_dir = model_dir
         self.load = functools.partial(ctranslate2.Translator, str(model_dir), device=device, device_index=index,
                                       compute_type=COMPUTE_TYPES[options.dtype], intra_threads=intra_threads)
         self.drawn = False  # whether self.ct2 has sampled: see reseed
-        try:
-            self.ct2 = self.load()
-        except (RuntimeError, ValueError, OSError) as err:  # a damaged model.bin, config or vocabulary
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({first})") from None
+        self.ct2 = self._loaded()
         self.options, self.max_positions = options, meta["max_positions"]
         configured = meta.get("model", {}).get("max_positions") if isinstance(meta.get("model"), dict) else None
         self.input_limit = self.max_positions or (configured if isinstance(configured, int) and configured > 0
@@ -174,14 +171,25 @@ class CT2Engine:
         other.options, other.search_settings = options, self.bind(options)
         return other
 
+    def _loaded(self):
+        """A CTranslate2 translator of the export, or a one-line error."""
+        try:
+            return self.load()
+        except (RuntimeError, ValueError, OSError) as err:  # a damaged model.bin, config or vocabulary
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CheckpointError(f"{self.model_dir}: CTranslate2 cannot load this export ({first})") from None
+
     def reseed(self, seed: int) -> None:
-        """Restart sampling from ``seed``, taken modulo 2 ** 32 (CTranslate2's seed is an unsigned
-        32-bit number; ``chunk_seed`` gives 63 bits). CTranslate2 seeds a translator's worker thread
+        """Restart sampling from ``seed``, taken modulo 2 ** 32 - 1: CTranslate2's seed is an
+        unsigned 32-bit number (``chunk_seed`` gives 63 bits) whose largest value means "a random
+        seed", which a given seed must never become. CTranslate2 seeds a translator's worker thread
         once, at its first draw, from the process's seed: a translator that has drawn is loaded
-        again, so that the seed reaches its draws (a resumed run then samples as one that ran through)."""
-        import_ctranslate2().set_random_seed(seed % 2**32)
+        again (the old one dropped first: two at once would need twice the memory), so that the
+        seed reaches its draws (a resumed run then samples as one that ran through)."""
+        import_ctranslate2().set_random_seed(seed % (2**32 - 1))
         if self.drawn:
-            self.ct2, self.drawn = self.load(), False
+            self.ct2, self.drawn = None, False
+            self.ct2 = self._loaded()
 
     def batch(self, sources: Sequence[Sequence[int]]) -> tuple[list[list[int]]]:
         """What ``search`` takes: the source ids as they are (no tensors, no torch)."""

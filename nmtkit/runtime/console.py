@@ -61,7 +61,12 @@ class NmtConsole:
             self.rich.rule(*args, **kwargs)
 
     def warn(self, message: str) -> None:
-        self.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)  # one line, whatever the width
+        """``message`` as one line, whatever the width, shown as the plain text every caller
+        passes: a warning quotes names and values from files (metadata, manifests), and a
+        newline there must not split it, nor a ``[/x]`` in it be taken for rich markup."""
+        from rich.markup import escape
+
+        self.print(f"[yellow]warning:[/yellow] {escape(one_line(message))}", soft_wrap=True, emoji=False)
 
     def progress(self, *columns: Any, **kwargs: Any):
         """The one place a rich Progress is made: on this console, silent when quiet (unless
@@ -93,6 +98,12 @@ class NmtConsole:
         if total is None:
             progress.update(task, total=1, completed=1)
         progress.stop()
+
+
+def one_line(message: str) -> str:
+    """``message`` with its control characters (a newline, a carriage return, an escape) shown
+    escaped (\\n, \\r, \\x1b), not written."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
 
 
 def _columns(unit: Optional[str] = None) -> tuple:

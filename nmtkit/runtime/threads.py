@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 # 25 clock ticks per CPU: a core another process keeps busy read 1.00-1.02 (1.00-1.03 over 0.5 s),
 # an idle machine 0.00-0.04 (0.00-0.02), each rounding to the same count
@@ -177,25 +177,35 @@ def machine_threads() -> int:
     return physical_cores(cpus)
 
 
+class ThreadChoice(NamedTuple):
+    """What ``choose_threads`` chose and the load reading it chose by, as data: a resumed
+    training that keeps its recorded count says the reading in its own words."""
+
+    threads: int
+    note: Optional[str]  # why auto chose fewer than the default (None: it did not)
+    busy: Optional[float] = None  # cores other processes kept busy (None: not measured)
+    cpus: int = 0  # cores this process may run on, where measured
+
+
 def choose_threads(setting: int, what: str = "training", option: str = "train.threads",
-                   default: Optional[int] = None) -> tuple[int, Optional[str]]:
-    """(threads to use, a note saying why when auto chose fewer than the default: PyTorch's,
+                   default: Optional[int] = None) -> ThreadChoice:
+    """The threads to use, with a note saying why when auto chose fewer than the default (PyTorch's,
     unless ``default`` is given); ``what`` and ``option`` name the work and the setting in the note."""
     default = pytorch_default() if default is None else default
     if setting > 0:
-        return setting, None
+        return ThreadChoice(setting, None)
     if default <= 1 or not _auto_possible():
         _early.clear()
-        return default, None
+        return ThreadChoice(default, None)
     cpus = os.sched_getaffinity(0)
     busy = _take_reading(cpus)
     if busy is None:
-        return default, None
+        return ThreadChoice(default, None)
     threads = max(1, min(default, len(cpus) - round(busy)))
     if threads == default:
-        return default, None
-    return threads, (f"other processes keep {busy:.1f} of {len(cpus)} cores busy: {what} with {threads} "
-                     f"thread(s) instead of {default} ({option} sets the number)")
+        return ThreadChoice(default, None, busy, len(cpus))
+    return ThreadChoice(threads, f"other processes keep {busy:.1f} of {len(cpus)} cores busy: {what} with {threads} "
+                                 f"thread(s) instead of {default} ({option} sets the number)", busy, len(cpus))
 
 
 def configure_threads(setting: int, console, what: str = "training", option: str = "train.threads",
@@ -204,16 +214,16 @@ def configure_threads(setting: int, console, what: str = "training", option: str
     ``pytorch`` False only the count is chosen (``machine_threads`` standing for PyTorch's default),
     for an engine with a pool of its own (CTranslate2), and torch is not imported."""
     if not pytorch:
-        threads, note = choose_threads(setting, what, option, default=machine_threads())
-        if note:
-            console.info(note)
-        return threads
+        choice = choose_threads(setting, what, option, default=machine_threads())
+        if choice.note:
+            console.info(choice.note)
+        return choice.threads
     import torch
 
-    threads, note = choose_threads(setting, what, option)
-    if threads != torch.get_num_threads():
-        torch.set_num_threads(threads)
-    _pool.ours = threads
-    if note:
-        console.info(note)
-    return threads
+    choice = choose_threads(setting, what, option)
+    if choice.threads != torch.get_num_threads():
+        torch.set_num_threads(choice.threads)
+    _pool.ours = choice.threads
+    if choice.note:
+        console.info(choice.note)
+    return choice.threads

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import hashlib
 import json
@@ -246,7 +247,9 @@ def parked_name(out_dir: Path) -> str:
 def restore_parked(out_dir: Path) -> list[Path]:
     """Copies of ``out_dir`` that a killed ``replace_directory`` parked (``parked_name``; a dead
     process of this user on this machine): the first goes back to ``out_dir`` when nothing is
-    there, the rest are removed; returns them. A ``.NAME.old`` or any other name is not ours."""
+    there, the rest are removed; returns them. Any other name is not touched here: an older
+    nmtkit's ``.NAME.old`` may be the user's outside a training run (``tidy_run_dir`` takes
+    back the run's own)."""
     out_dir = Path(out_dir)
     prefix = sibling_name(out_dir, f"old-{_HOST}-")
     pattern = re.compile(re.escape(prefix) + r"(\d+)-[0-9a-f]+$")
@@ -265,28 +268,34 @@ def restore_parked(out_dir: Path) -> list[Path]:
 
 
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
-_renameat2: list = []  # libc's renameat2 once looked up ([None] where there is none)
+# what renameat2 answers where this kernel, file system or sandbox cannot swap (seccomp filters
+# commonly refuse a syscall they do not allow with EPERM): the caller then renames twice
+_CANNOT_EXCHANGE = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+                    errno.EPERM}
+
+
+@functools.cache
+def _renameat2():
+    """libc's renameat2 and ctypes' errno reader, looked up once; None where there is none."""
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "renameat2"), ctypes.get_errno
+    except (OSError, AttributeError, TypeError):  # no C library to load, or no renameat2 in it
+        return None
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swap ``a`` and ``b`` in one rename; False where the kernel, C library or file system
-    cannot (the caller then renames twice)."""
-    if not _renameat2:
-        import ctypes
-
-        try:
-            _renameat2.append(getattr(ctypes.CDLL(None, use_errno=True), "renameat2"))
-        except (OSError, AttributeError, TypeError):  # no C library to load, or no renameat2 in it
-            _renameat2.append(None)
-    call = _renameat2[0]
-    if call is None:
+    """Swap ``a`` and ``b`` in one rename; False where the kernel, C library, file system or
+    sandbox cannot (the caller then renames twice)."""
+    found = _renameat2()
+    if found is None:
         return False
-    import ctypes
-
+    call, get_errno = found
     if call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+    code = get_errno()
+    if code in _CANNOT_EXCHANGE:
         return False
     raise OSError(code, os.strerror(code), str(b))
 

@@ -10,7 +10,6 @@ previous good checkpoint (with a warning) when the newest is damaged.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -22,11 +21,13 @@ import torch
 
 from nmtkit.config import TrainConfig
 from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
+from nmtkit.runlog import is_count, is_finite_number
 from nmtkit.storage.checksums import read_manifest, verify
 from nmtkit.storage.files import (atomic_write_text, remove_stale_temps_in, restore_parked, sha256_file,
                                   temp_beside)
-from nmtkit.modeldir import (CONFIG, check_weights, load_model_dir, model_config_from_meta, read_json, read_meta,
-                             read_model_weights, read_weights, save_model_dir, state_dict_for_save, write_weights)
+from nmtkit.modeldir import (CONFIG, check_weights, load_model_dir, model_config_from_meta, model_dir_problem,
+                             read_json, read_meta, read_model_weights, read_weights, save_model_dir,
+                             state_dict_for_save, write_weights)
 from nmtkit.workdir import RunDir
 
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
@@ -53,8 +54,8 @@ class TrainerState:
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
     dev_sha256: str = ""  # the dev ids best_score was earned on ("": a checkpoint of an older nmtkit)
     threads: int = 0  # CPU threads the run trains with (weights depend on the count); 0: not recorded (GPU, older)
-    # each process's unlogged sums since the last train record (loss, nll, tokens, steps, MoE router
-    # stats), so the first record after a resume averages the same updates an uninterrupted run's does
+    # each process's unlogged sums since the last train record (loss, nll, tokens, steps, seconds, MoE
+    # router stats), so the first record after a resume averages the same updates an uninterrupted run's does
     log_window: list = field(default_factory=list)
 
 
@@ -98,11 +99,11 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], info: dict) -> dict:
             state.setdefault(int(idx), {})[key] = tensor
     for name, value in info["scalars"].items():
         idx, key = name.split(".", 1)
-        if not _finite_number(value) or value < 0:
+        if not is_finite_number(value) or value < 0:
             raise ValueError(f"optimizer scalar {name} must be a non-negative number, got {value!r}")
         state.setdefault(int(idx), {})[key] = value
     for group in info["param_groups"]:
-        if not isinstance(group.get("params"), list) or not all(_index(i) for i in group["params"]):
+        if not isinstance(group.get("params"), list) or not all(is_count(i) for i in group["params"]):
             raise ValueError("an optimizer parameter group must list parameter indices")
         for key, value in group.items():
             if key != "params" and not _setting(value):
@@ -218,23 +219,25 @@ def trainer_state(raw: dict) -> TrainerState:
     if state.epoch_batches and state.batch_in_epoch > state.epoch_batches:
         raise ValueError(f"batch_in_epoch {state.batch_in_epoch} is past the end of its epoch "
                          f"({state.epoch_batches} batches)")
-    if not _finite_number(state.train_seconds) or state.train_seconds < 0:
+    if not is_finite_number(state.train_seconds) or state.train_seconds < 0:
         raise ValueError(f"train_seconds must be a non-negative number, got {state.train_seconds!r}")
-    if not _finite_number(state.train_flops) or state.train_flops < 0:
+    if not is_finite_number(state.train_flops) or state.train_flops < 0:
         raise ValueError(f"train_flops must be a non-negative number, got {state.train_flops!r}")
-    if state.best_score is not None and not _finite_number(state.best_score):
+    if state.best_score is not None and not is_finite_number(state.best_score):
         raise ValueError(f"best_score must be a number or null, got {state.best_score!r}")
     if not isinstance(state.log_window, list) or not all(map(_window, state.log_window)):
-        raise ValueError("log_window must list each process's sums (loss, nll, tokens, steps, router)")
+        raise ValueError("log_window must list each process's sums (loss, nll, tokens, steps, seconds, router)")
     return state
 
 
 def _window(value) -> bool:
     """One process's unlogged sums as ``Trainer._window_state`` writes them."""
-    if not isinstance(value, dict) or set(value) - {"loss", "nll", "tokens", "steps", "router"}:
+    if not isinstance(value, dict) or set(value) - {"loss", "nll", "tokens", "steps", "seconds", "router"}:
         return False
-    if not all(_finite_number(value.get(k)) for k in ("loss", "nll")) or \
-            not all(_index(value.get(k)) for k in ("tokens", "steps")):
+    if not all(is_finite_number(value.get(k)) for k in ("loss", "nll")) or \
+            not all(is_count(value.get(k)) for k in ("tokens", "steps")):
+        return False
+    if "seconds" in value and not (is_finite_number(value["seconds"]) and value["seconds"] >= 0):
         return False
     router = value.get("router")
     if router is None:
@@ -244,15 +247,7 @@ def _window(value) -> bool:
     layers, sums = router["layers"], router["sums"]
     return (isinstance(layers, list) and all(isinstance(name, str) for name in layers) and isinstance(sums, list)
             and len(sums) == len(layers) and all(isinstance(row, list) and len(row) == len(sums[0]) > 4
-                                                 and all(map(_finite_number, row)) for row in sums))
-
-
-def _finite_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _index(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                                                 and all(map(is_finite_number, row)) for row in sums))
 
 
 def _setting(value) -> bool:
@@ -260,7 +255,7 @@ def _setting(value) -> bool:
     list of them (betas)."""
     if isinstance(value, list):
         return all(_setting(item) for item in value)
-    return value is None or isinstance(value, bool) or (_finite_number(value) and value >= 0)
+    return value is None or isinstance(value, bool) or (is_finite_number(value) and value >= 0)
 
 
 class OtherModel(CheckpointError):
@@ -343,6 +338,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int, protect: tuple[Path, ...] =
 
 
 _LEGACY_DELETING = re.compile(r"^\.step_\d{8,}\.deleting$")  # a pruned checkpoint, as an older nmtkit hid it
+_LEGACY_OLD = re.compile(r"^\.(.+)\.old$")  # where an older nmtkit parked the copy it replaced
 
 
 def tidy_run_dir(run_dir: Path) -> None:
@@ -350,7 +346,9 @@ def tidy_run_dir(run_dir: Path) -> None:
     a model directory parked by ``replace_directory`` goes back in place, and the temporary
     files and directories of dead nmtkit processes (a half-written checkpoint, a pruned one)
     are removed. Only names nmtkit gives, of processes of this user on this machine that are
-    gone, are touched: anything else there is left as it is."""
+    gone, are touched: anything else there is left as it is. An older nmtkit parked best/ and
+    checkpoints as ``.best.old`` and ``.step_N.old``, promising that a resumed run moves them
+    back: one is, when it is a complete copy and nothing is in its place."""
     run = RunDir(Path(run_dir))
     for parent in (run.path, run.checkpoints):
         if not parent.is_dir():
@@ -362,6 +360,8 @@ def tidy_run_dir(run_dir: Path) -> None:
                                   else parked.group(1) in (run.best.name, run.averaged.name, BEST_STAGED)):
                 if parent == run.checkpoints and _LEGACY_DELETING.match(path.name) and path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
+                elif _legacy_parked(path, parent == run.checkpoints):
+                    os.replace(path, parent / _LEGACY_OLD.match(path.name).group(1))
             elif "-" in parked.group(2):  # .X.nmtkit-old-HOST-PID-RANDOM: only once its process is gone
                 restore_parked(parent / parked.group(1))
             elif path.is_dir() and not path.is_symlink():  # an older nmtkit's, named by no process: the run's lock
@@ -369,6 +369,17 @@ def tidy_run_dir(run_dir: Path) -> None:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     os.replace(path, parent / parked.group(1))
+
+
+def _legacy_parked(path: Path, checkpoint: bool) -> bool:
+    """Whether ``path`` is a copy an older nmtkit parked (``.best.old``; ``.step_N.old`` among the
+    checkpoints) that goes back: complete, its own name free. Anything else is the user's."""
+    old = _LEGACY_OLD.match(path.name)
+    if old is None or not (STEP_DIR.match(old.group(1)) if checkpoint else old.group(1) == "best"):
+        return False
+    if os.path.lexists(path.with_name(old.group(1))) or path.is_symlink() or not path.is_dir():
+        return False
+    return model_dir_problem(path, (TRAINER_JSON, TRAINER_TENSORS) if checkpoint else ()) is None
 
 
 _PARKED = re.compile(r"^\.(.+)\.nmtkit-old-([\w-]+)$")
@@ -382,7 +393,6 @@ def average_checkpoints(run_dir: str | Path, last: Optional[int] = None, output:
     the checkpoints after it, so one long run gives the model a shorter run would have ended with
     (a learning curve without retraining; exact for schedules that do not depend on max_steps).
     Every checkpoint averaged must be of one model over one vocabulary."""
-    from nmtkit.modeldir import model_dir_problem
     from nmtkit.storage.outputs import check_output_dir
 
     run_dir = Path(run_dir)

@@ -19,7 +19,7 @@ from nmtkit.data.mapped_vocab import open_vocab
 from nmtkit.data.vocab import Vocab, id_map_of, spm_files
 from nmtkit.errors import CheckpointError, ConfigError, DataError, NmtkitError
 from nmtkit.modeldir import CONFIG, load_weights, model_config_from_meta, model_dir_problem, read_meta
-from nmtkit.runlog import check_resume_settings, read_run_config
+from nmtkit.runlog import RESTART, check_resume_settings, read_run_config
 from nmtkit.storage.files import exclusive, read_json_dict, read_lines, refuse_foreign, shown_path
 from nmtkit.training import distributed as dist
 from nmtkit.training.checkpoint import (LoadedCheckpoint, OtherModel, check_fits, checkpoint_dirs,
@@ -57,9 +57,6 @@ def check_data(run_dir: Path, spm_models: tuple[Path, Path], train_data: Paralle
                         f"({RESTART}: the old run is moved aside, not deleted)")
     if recorded != current:
         write_record(record, current)
-
-
-RESTART = "`nmtkit train RECIPE --restart`"  # what every refusal to resume suggests: `run` has no --restart
 
 
 def newest_checkpoint(cfg: Config, run_dir: Path, model, optimizer, console) -> Optional[LoadedCheckpoint]:
@@ -217,11 +214,12 @@ RUN_MARKS = ("data.json", "checkpoints")
 _OUR_HIDDEN = re.compile(r"^\..+\.nmtkit-")  # a temporary or parked name of ours (storage/files.py)
 
 
-def check_run_dir(run_dir: Path) -> None:
+def check_run_dir(run_dir: Path, restart: bool = False) -> None:
     """``train`` writes, rewrites and removes files in RUN_DIR (config.yaml, metrics.jsonl,
     best/, old checkpoints): refuse, before any work, a directory there that it did not make
     (not empty, and neither data.json nor checkpoints/, which a run writes first) and, in one it
-    made, a best/ that is not a model directory (it is replaced at the next better validation)."""
+    made, a best/ that is not a model directory (it is replaced at the next better validation;
+    not with ``restart``, which moves the run aside whole)."""
     if not os.path.lexists(run_dir):
         return
     if not run_dir.is_dir():
@@ -230,7 +228,7 @@ def check_run_dir(run_dir: Path) -> None:
     if names and not names & set(RUN_MARKS):
         refuse_foreign(run_dir, "the training run")
     best = RunDir(run_dir).best
-    problem = model_dir_problem(best) if os.path.lexists(best) else None
+    problem = model_dir_problem(best) if os.path.lexists(best) and not restart else None
     if problem is not None:
         raise ConfigError(f"{best} {problem}: nmtkit keeps the run's best model there and replaces it at each "
                           f"better validation; move it away")
@@ -250,7 +248,8 @@ def training_threads(setting: int, recorded: int, console) -> int:
     """Apply ``train.threads`` to PyTorch's CPU pool; returns the count. The weights depend on
     the count, so a run goes on with the count it ``recorded`` (auto chose it for the load of
     the run's first session) whatever the load is now, unless train.threads or OMP_NUM_THREADS
-    fix another, which is warned of: the run then no longer matches an uninterrupted one."""
+    fix another, or fewer CPUs are available now (more threads than CPUs would crawl): each is
+    warned of, as the run then no longer matches an uninterrupted one."""
     from nmtkit.runtime.threads import choose_threads, configure_threads
 
     if recorded <= 0:
@@ -262,9 +261,15 @@ def training_threads(setting: int, recorded: int, console) -> int:
             console.warn(f"{given}: training with {threads} thread(s) where this run trained with {recorded}; the "
                          f"weights depend on the count, so the run no longer resumes exactly (bit for bit)")
         return threads
-    auto, note = choose_threads(0)
-    if auto != recorded:
-        load = note.split(": training with")[0] if note else "the machine is idle now"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if recorded > cpus:
+        console.warn(f"this run trained with {recorded} thread(s) but {cpus} CPU(s) are available now: training with "
+                     f"{cpus}; the weights depend on the count, so the run no longer resumes exactly (bit for bit)")
+        return configure_threads(cpus, console)
+    auto = choose_threads(0)
+    if auto.threads != recorded:
+        load = (f"other processes keep {auto.busy:.1f} of {auto.cpus} cores busy" if auto.busy is not None
+                else f"auto would train with {auto.threads} thread(s) now")
         console.info(f"{load}: this run goes on with the {recorded} thread(s) it started with, so that it resumes "
                      f"exactly (train.threads sets another count, at the cost of that)")
     return configure_threads(recorded, console)

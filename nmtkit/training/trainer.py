@@ -26,17 +26,15 @@ from nmtkit.config.rules import unread_settings
 from nmtkit.data.batching import collate, make_batches
 from nmtkit.data.mixing import corpus_weights, epoch_pairs
 from nmtkit.decoding.options import TranslateOptions
-from nmtkit.errors import ConfigError
-from nmtkit.modeldir import save_model_dir
+from nmtkit.errors import CheckpointError, ConfigError, NmtkitError
+from nmtkit.modeldir import read_meta, save_model_dir
 from nmtkit.models.build import build_model
 from nmtkit.models.flops import flop_count
-from nmtkit.runlog import MetricsLog, summary_writer_class
+from nmtkit.runlog import RESTART, MetricsLog, summary_writer_class
 from nmtkit.runtime.compiler import maybe_compile
 from nmtkit.runtime.device import autocast, resolve_device, resolve_dtype
 from nmtkit.runtime.allocator import resident_mib
 from nmtkit.training import distributed as dist
-from nmtkit.errors import CheckpointError
-from nmtkit.modeldir import read_meta
 from nmtkit.storage.files import replace_directory
 from nmtkit.training.checkpoint import (BEST_STAGED, TrainerState, checkpoint_dirs, prune_checkpoints, save_checkpoint,
                                         tidy_run_dir)
@@ -86,7 +84,7 @@ def _train(cfg: Config, console, device: torch.device, restart: bool, dry_run: b
 def _train_locked(cfg: Config, console, device: torch.device, dtype, restart: bool) -> Optional[Path]:
     src_path, tgt_path, src_vocab, tgt_vocab = prepared_vocabs(cfg)
     run_dir = WorkDir.of(cfg).run.path
-    check_run_dir(run_dir)
+    check_run_dir(run_dir, restart)
     with run_lock(run_dir):
         if restart and dist.is_main() and run_dir.exists():
             name = f"train.old-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -161,6 +159,7 @@ class Trainer:
         routed = m.arch == "transformer" and m.moe_experts > 0
         self.router_window = RouterWindow(with_z=m.moe_z_weight > 0) if routed else None
         self.window = self._new_window()  # sums of the updates since the last train record
+        self.window_seconds = 0.0  # its seconds before this session (a resumed window)
 
     # -- state ---------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -224,7 +223,7 @@ class Trainer:
         if os.path.lexists(staged):
             step = _saved_step(staged)
             if step is not None and step == self.state.best_step and step <= self.state.step and step > 0:
-                replace_directory(staged, best)
+                self._replace_best(staged)
             else:
                 shutil.rmtree(staged, ignore_errors=True)
         step = _saved_step(best) if os.path.lexists(best) else None
@@ -237,7 +236,16 @@ class Trainer:
         """A checkpoint was saved: the best/ staged at or before its step is now best/."""
         staged = self.run_dir / BEST_STAGED
         if os.path.lexists(staged):
-            replace_directory(staged, RunDir(self.run_dir).best)
+            self._replace_best(staged)
+
+    def _replace_best(self, staged: Path) -> None:
+        """``staged`` becomes best/; a failure (a full disk, a read-only run directory) is one
+        line, as the failure of the save that wrote it would have been."""
+        best = RunDir(self.run_dir).best
+        try:
+            replace_directory(staged, best)
+        except OSError as err:
+            raise NmtkitError(f"cannot write {best}: {err.strerror or err}") from err
 
     def _log(self, record: dict) -> None:
         if dist.is_main():
@@ -265,7 +273,8 @@ class Trainer:
         """This process's unlogged sums as the checkpoint keeps them (float32 values are exact
         as JSON numbers)."""
         w = self.window
-        state = {"loss": w["loss"].item(), "nll": w["nll"].item(), "tokens": w["tokens"], "steps": w["steps"]}
+        state = {"loss": w["loss"].item(), "nll": w["nll"].item(), "tokens": w["tokens"], "steps": w["steps"],
+                 "seconds": time.perf_counter() - w["start"]}
         router = self.router_window
         if router is not None and router.sums is not None:
             state["router"] = {"layers": list(router.layers), "sums": router.sums.tolist()}
@@ -285,6 +294,7 @@ class Trainer:
         self.window["loss"] = torch.tensor(mine["loss"], dtype=torch.float32, device=self.device)
         self.window["nll"] = torch.tensor(mine["nll"], dtype=torch.float32, device=self.device)
         self.window["tokens"], self.window["steps"] = mine["tokens"], mine["steps"]
+        self.window_seconds = mine.get("seconds", 0.0)
         router = mine.get("router")
         if router is not None and self.router_window is not None:
             self.router_window.layers = list(router["layers"])
@@ -390,7 +400,7 @@ class Trainer:
         done = self._finished_reason()
         if done:
             self.console.info(f"training already finished at step {self.state.step} ({done}); "
-                              f"raise the limit to train more, or start over with `nmtkit train RECIPE --restart`")
+                              f"raise the limit to train more, or start over with {RESTART}")
             return self.run_dir
         self._begin_session()
         if dist.is_main():
@@ -426,7 +436,7 @@ class Trainer:
 
         t = self.cfg.train
         window = self.window
-        window["start"] = time.perf_counter()
+        window["start"] = time.perf_counter() - self.window_seconds  # a resumed window's throughput: all its updates
         session_start = time.perf_counter() - self.state.train_seconds
         reason = ""
         bad_in_a_row = 0
@@ -544,8 +554,12 @@ def _saved_step(model_dir: Path) -> Optional[int]:
 
 
 def _merged_windows(windows: list) -> dict:
-    """Several processes' unlogged sums as one process's (a run resumed on another number of processes)."""
-    merged = {key: sum(w[key] for w in windows) for key in ("loss", "nll", "tokens", "steps")}
+    """Several processes' unlogged sums as one process's (a run resumed on another number of
+    processes). Each process sums only its own micro-batches' losses and router statistics, but
+    counts the tokens and updates of all (``_step``): those are taken once, not summed."""
+    merged = {key: sum(w[key] for w in windows) for key in ("loss", "nll")}
+    merged.update(tokens=windows[0]["tokens"], steps=windows[0]["steps"],
+                  seconds=max(w.get("seconds", 0.0) for w in windows))
     routers = [w["router"] for w in windows if "router" in w]
     if routers and all(r["layers"] == routers[0]["layers"] for r in routers):
         rows = zip(*(r["sums"] for r in routers))  # each layer's row of every process
