@@ -34,6 +34,9 @@ def _readable_types(params: list) -> list:
 
 
 class _Command(TyperCommand):
+    """Every command: help without Python types, and an option of one value given twice refused
+    (click keeps the last and drops the others, silently)."""
+
     def get_params(self, ctx):
         return _readable_types(super().get_params(ctx))
 
@@ -41,8 +44,37 @@ class _Command(TyperCommand):
         given = list(args)  # the parser consumes the list it is given
         rest = super().parse_args(ctx, args)
         if not ctx.resilient_parsing:  # not while the shell completes a word
-            _refuse_repeats(self.make_parser(ctx).parse_args(args=given)[2])
+            order = _parse_order(self, ctx, given)
+            if order is not None:
+                _refuse_repeats(order)
         return rest
+
+
+_OPTION_FIELDS = ("opts", "multiple", "is_flag")
+
+
+def _parse_order(command, ctx, args: list[str]) -> Optional[list]:
+    """The parameters in the order click's parser meets them in ``args``, once per use, or None.
+
+    Click says which options were given but not how often, so ``args`` (which parsed already) is
+    parsed again by the parser click itself uses: in click 8, ``make_parser(ctx).parse_args(args)``
+    returns (values, leftover arguments, that order). This is click's internal API and typer
+    pulls in any click, so a parser that does not give the order this way (a later click) gives
+    None: repeats then go unchecked, where relying on it would break every command."""
+    try:
+        parsed = command.make_parser(ctx).parse_args(args=args)
+        order = list(parsed[2]) if isinstance(parsed, tuple) and len(parsed) == 3 else None
+    except Exception:  # noqa: BLE001 - whatever another click's parser does here; the first parse passed
+        return None
+    if order is None or not all(_known(param) for param in order):
+        return None
+    return order
+
+
+def _known(param) -> bool:
+    """A parameter as ``_refuse_repeats`` reads it: an option with opts, multiple and is_flag."""
+    kind = getattr(param, "param_type_name", None)
+    return isinstance(kind, str) and (kind != "option" or all(hasattr(param, name) for name in _OPTION_FIELDS))
 
 
 def _refuse_repeats(order: list) -> None:
@@ -105,17 +137,26 @@ def _main(
     bound_kernel_caches()  # before torch loads oneDNN (no command has imported it yet)
 
 
-def _refuse_unused(ctx: typer.Context, rules: list) -> None:
-    """An option given on the command line where it has no effect is an error: accepted and
-    silently ignored, it would let a user believe it did something. ``rules``: (parameter,
-    whether it is unused now, why)."""
-    from nmtkit.errors import ConfigError
-
+def _unused(ctx: typer.Context, rules: list) -> list[str]:
+    """``FLAG why`` for each option given on the command line where it has no effect. ``rules``:
+    (parameter, whether it is unused now, why)."""
+    found = []
     for name, unused, why in rules:
         source = ctx.get_parameter_source(name)  # an enum of click's (or of the click Typer bundles)
         if unused and source is not None and source.name != "DEFAULT":
             flag = next(max(param.opts, key=len) for param in ctx.command.params if param.name == name)
-            raise ConfigError(f"{flag} {why}")
+            found.append(f"{flag} {why}")
+    return found
+
+
+def _refuse_unused(ctx: typer.Context, rules: list) -> None:
+    """An option given on the command line where it has no effect is an error: accepted and
+    silently ignored, it would let a user believe it did something."""
+    from nmtkit.errors import ConfigError
+
+    unused = _unused(ctx, rules)
+    if unused:
+        raise ConfigError(unused[0])
 
 
 def _console():
@@ -185,14 +226,17 @@ def translate(ctx: typer.Context, model: opts.Models, run_flags: opts.RunFlags, 
                           "translated one by one as they are typed")])
     options = resolve_options(model, vars(decode_flags), **opts.settings(run_flags, call))
     # greedy search and sampling choose the same pieces under any length penalty and EOS rule: those
-    # change only the scores, which only --scores and --nbest show (the model's own settings are
-    # not flags, so only a flag given on the command line is refused)
+    # change only the scores, which only --scores and --nbest show. A warning, not a refusal: a loop
+    # over beam sizes (-b 1, 4, 8) with one --lenpen still runs its greedy step (the model's own
+    # settings are not flags, so only a flag given on the command line is named)
     one_way = (options.beam_size == 1 or options.sample) and not options.scores and options.nbest == 1
-    why = "changes nothing under --sample but the scores, which only --scores prints and --nbest ranks by: add " \
-          "one of them or leave it out" if options.sample else "changes nothing under greedy search (beam size " \
-          "1) but the scores, which only --scores prints: add --scores or leave it out"
-    _refuse_unused(ctx, [(name, one_way, why) for name in ("lenpen", "eos_at_limit")])
-    translate_file([str(m) for m in model], files.input, files.output, options, _console(),
+    why = "changes only the scores under --sample, which only --scores prints and --nbest ranks by: the " \
+          "translations are those without it" if options.sample else "changes only the scores under greedy " \
+          "search (beam size 1), which only --scores prints: the translations are those without it"
+    console = _console()
+    for line in _unused(ctx, [(name, one_way, why) for name in ("lenpen", "eos_at_limit")]):
+        console.warn(line)
+    translate_file([str(m) for m in model], files.input, files.output, options, console,
                    GuideFiles(files.prefix_file, files.constraints))
 
 
@@ -349,7 +393,7 @@ def verses(
     testament: str = typer.Option("all", "--testament", help="all, old or new."),
     sword_path: Path = typer.Option(Path("/usr/share/sword"), "--sword-path", help="Where the modules are installed."),
     refs: Optional[str] = typer.Option(None, "--refs", metavar="<path>", show_default=False,
-                                       help="Also write each verse's reference, line by line with the text."),
+                                       help="Also write each verse's reference, line by line with the text (- for stdout, when the text goes to a file)."),
 ) -> None:
     """Write the verses of a SWORD Bible one a line: monolingual text for back-translation."""
     from nmtkit.data.verses import export_verses

@@ -11,12 +11,15 @@ import functools
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from nmtkit.config import Config
-from nmtkit.storage.files import atomic_write_text, read_json_dict, read_lines, sha256_file
+from nmtkit.errors import NmtkitError
+from nmtkit.storage.files import (atomic_open, atomic_write_text, read_json_dict, read_lines, read_regular,
+                                  sha256_file)
 from nmtkit.workdir import RunDir, WorkDir
 
 
@@ -95,9 +98,14 @@ def translate_split(cfg: Config, split: str, out_dir: Path, console, options, we
     start = time.perf_counter()
     hyps = model.translate(sources)
     seconds = time.perf_counter() - start
-    atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))  # a damaged copy (other sha256) is made again
+    data = "".join(h + "\n" for h in hyps).encode("utf-8")
+    # the stamp first: a kill between the two writes leaves a stamp of run's (so the rerun takes
+    # results/ for run's, not the user's) with the sha256 of a translation not written, so a
+    # missing or older SPLIT.hyp is made again, as a damaged copy (another sha256) is
     atomic_write_text(stamp_path, json.dumps({"stamp": stamp, "seconds": round(seconds, 3),
-                                              "sha256": sha256_file(hyp_path)}) + "\n")
+                                              "sha256": hashlib.sha256(data).hexdigest()}) + "\n")
+    with atomic_open(hyp_path, "wb") as handle:  # the bytes the stamp's sha256 is of
+        handle.write(data)
     console.info(f"{split}: translated {len(sources)} sentences in {seconds:.1f}s "
                  f"({len(sources) / max(seconds, 1e-9):.1f} sent/s, beam {options.beam_size})")
     return hyps, seconds
@@ -121,12 +129,27 @@ def _read_stamp(path: Path) -> dict:
     return read_json_dict(path) or {}
 
 
+_PLAIN_STAMP = re.compile(rb"[0-9a-f]{16}")  # the whole stamp file of nmtkit before its JSON stamps
+
+
+def _runs_stamp(path: Path) -> bool:
+    """Whether ``path`` is a translation stamp run wrote: JSON with its ``stamp``, or the bare
+    digest older versions wrote (their results/ is run's too; the split is translated again)."""
+    if isinstance(_read_stamp(path).get("stamp"), str):
+        return True
+    try:
+        return bool(_PLAIN_STAMP.fullmatch(read_regular(path, 64)))
+    except NmtkitError:
+        return False
+
+
 def refuse_foreign_results(cfg: Config) -> None:
     """Before any work: WORKDIR/results/ may be a directory of the user's (``workdir: .``), and
     ``run`` replaces only what it wrote there. The directory is run's once it holds a stamp run
-    writes beside each translation (SPLIT.hyp.stamp) or run's results.json (then a damaged file
-    there is run's too, and made again); before that, a file there of a name run writes (a
-    translation, its stamp, results.json, results.md) is the user's, and refused."""
+    writes before each translation (SPLIT.hyp.stamp, this version's or an older one's) or run's
+    results.json (then a damaged file there is run's too, and made again); before that, a file
+    there of a name run writes (a translation, its stamp, results.json, results.md) is the
+    user's, and refused."""
     from nmtkit.storage.files import refuse_foreign
 
     out_dir = WorkDir.of(cfg).results
@@ -137,7 +160,7 @@ def refuse_foreign_results(cfg: Config) -> None:
     splits = ("dev", "test", *(f"test.{c.name}" for c in cfg.data.corpora[1:]))
     results = read_json_dict(out_dir / "results.json") or {}
     if isinstance(results.get("splits"), dict) and isinstance(results.get("model_dir"), str) or \
-            any(isinstance(_read_stamp(out_dir / f"{split}.hyp.stamp").get("stamp"), str) for split in splits):
+            any(_runs_stamp(out_dir / f"{split}.hyp.stamp") for split in splits):
         return
     for name in ("results.json", "results.md", *(f"{split}.hyp{end}" for split in splits for end in ("", ".stamp"))):
         if os.path.lexists(out_dir / name):

@@ -30,7 +30,7 @@ from nmtkit.modeldir import CONFIG, saved_decode
 from nmtkit.runtime.threads import configure_threads
 from nmtkit.storage.checksums import MANIFEST
 from nmtkit.storage.files import check_readable, decode_line, read_json_dict, sha256_file
-from nmtkit.storage.outputs import check_output_file, is_stream, names_descriptor, open_output
+from nmtkit.storage.outputs import check_output_file, is_stream, names_descriptor, open_output, same_file
 from nmtkit.storage.partial import open_partial, partial_dir
 
 
@@ -205,15 +205,16 @@ def check_output_is_not_read(model_dirs: Sequence[str | Path], input_path: Optio
             if (read is not None or stream is not None) and _identity(read, stream) == written:
                 whose = "" if read is not None else " (stdin)"
                 if output_path is None:
-                    raise ConfigError(f"stdout is the {what}{whose}: the translation would be appended to the text "
-                                      f"it is made from and read again; send stdout elsewhere or give -o FILE")
+                    raise ConfigError(f"stdout is the {what}{whose}: the translation would go into the text it is "
+                                      f"made from (`> FILE` empties it before translate starts, `>> FILE` appends "
+                                      f"to it and reads that back); send stdout elsewhere or give -o FILE")
                 raise ConfigError(f"-o {output_path} is the {what}{whose}: the translation would replace the text "
                                   f"it is made from; write it elsewhere")
     for model_dir in model_dirs:
         directory = Path(model_dir)
         if not directory.is_dir():
             continue  # loading the model says what is wrong with it
-        if output_path is not None and not names_descriptor(output_path) and _same_file(output_path.parent, directory):
+        if output_path is not None and not names_descriptor(output_path) and same_file(output_path.parent, directory):
             raise ConfigError(f"{where} is inside the model directory {model_dir}: the translation would be written "
                               f"among the files of the model in use; write it elsewhere")
         if written is not None:
@@ -221,13 +222,6 @@ def check_output_is_not_read(model_dirs: Sequence[str | Path], input_path: Optio
                 if _identity(path) == written:
                     raise ConfigError(f"{where} is {path}, a file of the model in use: the translation would destroy "
                                       f"it; write it elsewhere")
-
-
-def _same_file(one: Path, other: Path) -> bool:
-    try:
-        return os.path.samefile(one, other)
-    except OSError:  # one of them does not exist
-        return False
 
 
 def reads_a_terminal(input_path: Optional[str | Path]) -> bool:

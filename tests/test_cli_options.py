@@ -275,3 +275,37 @@ def test_an_option_of_one_value_given_twice_is_one_line(setup, scratch, monkeypa
         ensemble = invocation(command, setup, next(p for p in fuzzable(command) if names(p) == "--model"),
                               str(setup["model"]))
         assert run_command(monkeypatch, capsys, ensemble) == (0, "")
+
+
+class _OtherParser:
+    """A parser of another click: parse_args gone, or giving no order of parameters."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def parse_args(self, args):
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize("parser", [object(), _OtherParser(({}, [])), _OtherParser(({}, [], ["--beam-size"] * 2)),
+                                    _OtherParser(TypeError("parse_args() got an unexpected keyword argument")),
+                                    _OtherParser(({}, [], None))])
+def test_the_repeat_check_is_skipped_where_clicks_parser_differs(setup, scratch, monkeypatch, capsys, parser):
+    """The check parses the arguments again with click's internal parser (``make_parser(ctx)
+    .parse_args``), which another click may not have or may answer otherwise: then the command
+    runs as click parsed it (the last of a repeated value), never a traceback."""
+    from nmtkit.cli import _Command
+
+    real, calls = _Command.make_parser, []
+
+    def make_parser(self, ctx):  # click's own parse first, the check's second
+        calls.append(ctx)
+        return real(self, ctx) if len(calls) == 1 else parser
+
+    monkeypatch.setattr(_Command, "make_parser", make_parser)
+    base = invocation("translate", setup)
+    assert run_command(monkeypatch, capsys, [*base, "--beam-size", "2", "--beam-size", "1"]) == (0, "")
+    assert len(calls) == 2
+

@@ -186,11 +186,43 @@ def test_a_mapping_override_sets_its_keys_and_keeps_the_rest_of_the_section(tmp_
         load_config(recipe, ["model={pre_nrom: true}"])
 
 
+DE_EN = {"train": {"de": "a.de", "en": "a.en"}, "dev": {"de": "d.de", "en": "d.en"},
+         "test": {"de": "t.de", "en": "t.en"}}
+FR_EN = {"train": {"fr": "a.fr", "en": "a.en"}, "dev": {"fr": "d.fr", "en": "d.en"},
+         "test": {"fr": "t.fr", "en": "t.en"}}
+
+
+@pytest.mark.parametrize("overrides, files", [
+    (["data.src_lang=fr", f"data.files={FR_EN}"], FR_EN),
+    (["data.src_lang=fr", f"data={{files: {FR_EN}}}"], FR_EN),  # through the section: files is still one value
+    (["data.files.train={fr: b.fr, en: b.en}"], {**DE_EN, "train": {"fr": "b.fr", "en": "b.en"}}),
+    (["data.files={train: {de: a.de, en: a.en}}"], {"train": {"de": "a.de", "en": "a.en"}}),  # dev/test gone too
+])
+def test_a_mapping_override_replaces_a_dict_valued_key_whole(tmp_path, overrides, files):
+    """``data.files`` is a value, not a section: merged into the recipe's, a new language kept
+    the old one (refused as a third language) and a split left out stayed."""
+    import yaml
+
+    recipe = tmp_path / "de.yaml"
+    recipe.write_text(yaml.safe_dump({**SMALL, "data": {"source": "files", "src_lang": "de", "tgt_lang": "en",
+                                                        "files": DE_EN, "clean": {"max_len": 50}}}))
+    cfg = load_config(recipe, overrides)
+    assert cfg.data.files == files
+    assert cfg.data.clean.max_len == 50 and cfg.model.d_model == 16  # the sections around it kept
+    splits = {"train": "train", "dev": "validation", "test": "test"}
+    for override in ("data.hf_splits={train: tr}", "data={hf_splits: {train: tr}}"):
+        raw = apply_overrides({"data": {"hf_splits": dict(splits)}}, [override])
+        assert raw == {"data": {"hf_splits": {"train": "tr"}}}  # not merged into {train, dev, test}
+    merged = load_config(recipe, ["data={clean: {max_ratio: 2.0}}"]).data
+    assert (merged.clean.max_len, merged.clean.max_ratio, merged.files) == (50, 2.0, DE_EN)  # a subsection merges
+
+
 @pytest.mark.parametrize("override", ["train=", "model= ", "train=null", "train=~", "data.clean=", "eval="])
 def test_a_section_override_with_no_value_is_refused(override):
     """``train=`` (an unset shell variable) would reset the section to the defaults."""
-    key = override.split("=")[0].strip()
-    with pytest.raises(ConfigError, match=rf"^override {re.escape(key)}= has no value: {re.escape(key)} is a section"):
+    key, text = (part.strip() for part in override.split("="))
+    with pytest.raises(ConfigError, match=rf"^override {re.escape(key)}={re.escape(text)} has no value: "
+                                          rf"{re.escape(key)} is a section"):
         load_config(None, ["data.source=files", override])
 
 
@@ -211,12 +243,14 @@ def test_a_hash_in_an_override_is_text_not_a_comment(override, read, expected):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("name=", "override name= has no value"), ("name=null", "override name= has no value"),
+    ("name=", "override name= has no value"), ("name=null", "override name=null has no value"),
     ("workdir=", "override workdir= has no value"), ("workdir= ", "override workdir= has no value"),
+    ("workdir=null", "override workdir=null has no value"), ("workdir=~", "override workdir=~ has no value"),
+    ("workdir=''", "override workdir='' has no value"),  # as typed, never a value it was read as
 ])
 def test_an_empty_name_or_workdir_override_is_refused(override, message):
     """``name=`` put the work directory at data/ itself; ``workdir=`` dropped the recipe's."""
-    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}: give a "):
         load_config(None, ["data.source=files", override])
 
 

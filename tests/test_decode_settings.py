@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import reversal_pairs, tiny_recipe, train_tiny, write_prepared
 from nmtkit.config import DecodeConfig, from_dict
-from support.cli import assert_error, cli, cli_stdout
+from support.cli import assert_error, cli, cli_in_process, cli_stdout
 
 SAVED = {"beam_size": 2, "lenpen": 0.0, "max_len_a": 0.0, "max_len_b": 2, "min_len": 1, "batch_tokens": 500,
          "eos_at_limit": "free"}
@@ -126,24 +126,36 @@ def test_bad_numbers_are_refused_before_translating(models, monkeypatch, capsys,
     assert_error(code, err, 2, message)
 
 
-def test_lenpen_and_eos_at_limit_that_would_change_nothing_are_refused(models, monkeypatch, capsys):
+GREEDY_UNUSED = ("changes only the scores under greedy search (beam size 1), which only --scores prints: the "
+                 "translations are those without it")
+SAMPLED_UNUSED = ("changes only the scores under --sample, which only --scores prints and --nbest ranks by: the "
+                  "translations are those without it")
+
+
+def test_lenpen_and_eos_at_limit_that_would_change_nothing_are_warned_of(models, monkeypatch, capsys):
     """Greedy search and sampling choose the same pieces under any length penalty and EOS rule, so
-    without --scores or --nbest (which show and rank by scores) --lenpen and --eos-at-limit changed
-    nothing: given on the command line there, they are refused as other flags without effect are.
-    The model's own settings are not flags (SAVED holds both): its greedy search runs."""
-    greedy = ("changes nothing under greedy search (beam size 1) but the scores, which only --scores prints: add "
-              "--scores or leave it out")
-    sampled = ("changes nothing under --sample but the scores, which only --scores prints and --nbest ranks by: add "
-               "one of them or leave it out")
-    for flags, message in ((("-b", "1", "--lenpen", "2"), "--lenpen " + greedy),
-                           (("-b", "1", "--eos-at-limit", "scored"), "--eos-at-limit " + greedy),
-                           (("--sample", "--lenpen", "2"), "--lenpen " + sampled),
-                           (("--sample", "--eos-at-limit", "free"), "--eos-at-limit " + sampled)):
-        code, err = cli(monkeypatch, capsys, "translate", "-m", str(models["new"]), "-i", str(models["input"]), *flags)
-        assert assert_error(code, err, 2) == f"nmtkit: error: {message}"
+    without --scores or --nbest (which show and rank by scores) --lenpen and --eos-at-limit change
+    nothing: given on the command line there, each is one warning line and the run goes on with
+    the translations it gives without the flag (a refusal broke ``for b in 1 4 8`` loops). The
+    model's own settings are not flags (SAVED holds both): no warning for them."""
+    greedy, sampled = GREEDY_UNUSED, SAMPLED_UNUSED
+    for flags, plain, warnings in (
+            (("-b", "1", "--lenpen", "2"), ("-b", "1"), ["--lenpen " + greedy]),
+            (("-b", "1", "--eos-at-limit", "scored"), ("-b", "1"), ["--eos-at-limit " + greedy]),
+            (("-b", "1", "--lenpen", "2", "--eos-at-limit", "scored"), ("-b", "1"),
+             ["--lenpen " + greedy, "--eos-at-limit " + greedy]),
+            (("--sample", "--seed", "3", "--lenpen", "2"), ("--sample", "--seed", "3"), ["--lenpen " + sampled]),
+            (("--sample", "--seed", "3", "--eos-at-limit", "free"), ("--sample", "--seed", "3"),
+             ["--eos-at-limit " + sampled])):
+        code, out, err = cli_in_process(monkeypatch, capsys, "-q", "translate", "-m", str(models["new"]), "-i",
+                                        str(models["input"]), *flags)
+        assert code == 0 and err.splitlines() == [f"warning: {line}" for line in warnings], (flags, err)
+        assert out.splitlines() == run_translate(monkeypatch, capsys, models["new"], models["input"], *plain), flags
     for flags in (("-b", "2", "--lenpen", "2"), ("--lenpen", "2"), ("-b", "1", "--lenpen", "2", "--scores"),
                   ("--sample", "--nbest", "2", "--eos-at-limit", "scored"), ("-b", "1")):
-        assert len(run_translate(monkeypatch, capsys, models["new"], models["input"], *flags)) >= 6, flags
+        code, out, err = cli_in_process(monkeypatch, capsys, "-q", "translate", "-m", str(models["new"]), "-i",
+                                        str(models["input"]), *flags)
+        assert code == 0 and err == "" and len(out.splitlines()) >= 6, (flags, err)
 
 
 NUMERIC_FLAGS = ["--beam-size", "--lenpen", "--max-len-a", "--max-len-b", "--min-len", "--nbest", "--batch-tokens",
@@ -174,7 +186,8 @@ def test_any_value_of_a_numeric_option_translates_or_is_one_line(models, monkeyp
     else:
         lines = len(captured.out.splitlines())  # one input line and one empty line
         nbest = int(float(text)) if flag == "--nbest" else 1  # an integral float such as 1.0 is taken
-        assert captured.err == "" and (lines == 2 if flag != "--nbest" else lines in (nbest + 1, 2 * nbest))
+        warned = f"warning: --lenpen {SAMPLED_UNUSED}\n" if flag == "--lenpen" and sample else ""  # scores only
+        assert captured.err == warned and (lines == 2 if flag != "--nbest" else lines in (nbest + 1, 2 * nbest))
 
 
 AUTO_ON_CPU = "auto on CPU"  # training's auto there: bf16 with bf16 units, else float32

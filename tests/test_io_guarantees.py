@@ -394,8 +394,9 @@ def test_translate_never_writes_into_its_stdin_its_input_or_its_model(tmp_path, 
 
     assert refused(None, str(source), stdin=source).startswith(f"-o {source} is the input file (stdin): ")
     assert refused("-", str(source), stdin=source).startswith(f"-o {source} is the input file (stdin): ")
-    assert refused(str(source), None, stdout=source).startswith("stdout is the input file: the translation would "
-                                                                "be appended to the text it is made from")
+    assert refused(str(source), None, stdout=source) == (
+        "stdout is the input file: the translation would go into the text it is made from (`> FILE` empties it "
+        "before translate starts, `>> FILE` appends to it and reads that back); send stdout elsewhere or give -o FILE")
     assert refused(None, "-", stdin=source, stdout=source).startswith("stdout is the input file (stdin): ")
     for output in (model / "model.safetensors", model / "new.txt"):
         assert refused(str(source), str(output)).startswith(f"-o {output} is inside the model directory {model}: ")
@@ -409,6 +410,27 @@ def test_translate_never_writes_into_its_stdin_its_input_or_its_model(tmp_path, 
         code, _, err = cli_in_process(monkeypatch, capsys, "translate", "-m", str(model), *FAST, "-o", str(source))
     assert "is the input file (stdin)" in one_line(code, err)
     assert tree(tmp_path) == before
+
+
+def test_one_same_file_check_for_translate_and_verses(tmp_path):
+    """translate's output-in-the-model check and verses' -o/--refs check had two copies of this
+    with different rules (only one saw an output not made yet through ``..``): both use one."""
+    import nmtkit.data.verses as verses
+    import nmtkit.translate_files as translate_files
+    from nmtkit.storage.outputs import same_file
+
+    assert translate_files.same_file is verses.same_file is same_file
+    assert not hasattr(translate_files, "_same_file") and not hasattr(verses, "_same_file")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "a").write_text("x\n")
+    os.link(tmp_path / "a", tmp_path / "hard")
+    (tmp_path / "soft").symlink_to(tmp_path / "d")
+    (tmp_path / "b").write_text("x\n")
+    assert same_file(tmp_path / "new", tmp_path / "d" / ".." / "new")  # not made yet, one path resolved
+    assert same_file(tmp_path / "soft" / "new", tmp_path / "d" / "new")  # through a link to a directory
+    assert same_file(tmp_path / "a", tmp_path / "hard") and same_file(tmp_path / "soft", tmp_path / "d")
+    assert not same_file(tmp_path / "a", tmp_path / "b")  # the same text is not the same file
+    assert not same_file(tmp_path / "new", tmp_path / "other")
 
 
 def test_a_file_without_write_permission_is_refused_even_to_root(tmp_path, monkeypatch, capsys):

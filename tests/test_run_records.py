@@ -207,6 +207,64 @@ def test_a_results_directory_of_runs_own_is_recognised(finished, tmp_path):
         refuse_foreign_results(cfg)
 
 
+class Killed(BaseException):
+    """A kill: nothing catches it, nothing after it runs."""
+
+
+def test_a_run_killed_between_a_translation_and_its_stamp_runs_again(finished, tmp_path, monkeypatch, capsys):
+    """A first run killed after one of the two writes of a translation: with the translation
+    first it left results/dev.hyp alone, which the rerun refused as the user's. The stamp goes
+    first; the rerun takes results/ for run's and translates dev again (no translation there has
+    the stamp's sha256)."""
+    import nmtkit.pipeline as pipeline
+
+    work, recipe = copy_work(finished, tmp_path)
+    results = work / "results"
+    intact = {name: (results / name).read_bytes() for name in ("dev.hyp", "test.hyp")}
+    for path in results.iterdir():  # a first run: nothing of run's there yet
+        path.unlink()
+    written, reals = [], {name: getattr(pipeline, name, None) for name in ("atomic_write_text", "atomic_open")}
+
+    def killed_after_one(real):  # the first file written, whichever way, then the kill
+        def write(path, *args):
+            if written:
+                raise Killed
+            written.append(Path(path).name)
+            return real(path, *args)
+        return write
+
+    for name, real in reals.items():
+        monkeypatch.setattr(pipeline, name, killed_after_one(real), raising=False)
+    with pytest.raises(Killed):
+        cli(monkeypatch, capsys, "run", str(recipe))
+    assert written == ["dev.hyp.stamp"] and sorted(os.listdir(results)) == ["dev.hyp.stamp"]
+    for name, real in reals.items():
+        monkeypatch.setattr(pipeline, name, real, raising=False)
+    code, err = cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0 and "dev: translated 6 sentences" in err and "test: translated 6 sentences" in err, err
+    assert {name: (results / name).read_bytes() for name in intact} == intact
+    assert json.loads((results / "results.json").read_text())["splits"].keys() == {"dev", "test"}
+
+
+def test_results_of_an_older_version_with_plain_stamps_are_runs(finished, tmp_path, monkeypatch, capsys):
+    """nmtkit before JSON stamps wrote the bare digest (16 hex digits) as SPLIT.hyp.stamp: such a
+    results/ is run's (its translations are made again), not refused as the user's."""
+    from nmtkit.config import load_config
+    from nmtkit.pipeline import refuse_foreign_results
+
+    work, recipe = copy_work(finished, tmp_path)
+    results = work / "results"
+    intact = (results / "test.hyp").read_bytes()
+    for name in ("results.json", "results.md"):
+        (results / name).unlink()
+    for split in ("dev", "test"):
+        (results / f"{split}.hyp.stamp").write_text("3f2a9c0d1e4b5a60")
+    refuse_foreign_results(load_config(recipe))
+    code, err = cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0 and "dev: translated 6 sentences" in err and "test: translated 6 sentences" in err, err
+    assert (results / "test.hyp").read_bytes() == intact and (results / "results.json").is_file()
+
+
 def test_another_test_set_of_as_many_lines_is_translated_anew(finished, tmp_path, monkeypatch, capsys):
     """The cache is keyed by the source text, not only its length: a different test set with the
     same number of lines is translated, never scored with the old one's translations."""

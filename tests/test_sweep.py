@@ -5,6 +5,7 @@ one-line errors run the real command line; the other sweeps run ``main`` in this
 runs are still `nmtkit run` children), which spares each a start-up and torch's import."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -207,6 +208,11 @@ def test_limits_lowered_below_a_finished_run_and_its_best_checkpoint_settings_ar
     assert changed(f"train.max_epochs={epochs}") == changed("train.validate_every=3", "train.keep_last=5") == []
     assert changed("train.max_steps=6") == ["train.max_steps=6, which the run has passed"]
     assert changed("train.max_flops=1000") == ["train.max_flops=1000, which the run has passed"]
+    with pytest.MonkeyPatch.context() as patch:  # a long run: an integer limit is shown as one, not 1e+06
+        import nmtkit.sweep.runner as runner
+
+        patch.setattr(runner, "_last_state", lambda _: dataclasses.replace(state, step=2_000_000))
+        assert changed("train.max_steps=1000000") == ["train.max_steps=1000000, which the run has passed"]
     assert sorted(changed("train.best_metric=bleu", "train.patience=1")) == [
         "train.best_metric, after the run finished", "train.patience, after the run finished"]
     assert changed("train.dev_bleu_beam=2") == []  # read only under best_metric=bleu
@@ -281,7 +287,7 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
     from nmtkit.models.build import build_model, parameter_table
 
     write_task(tmp_path)
-    # the baseline's dropout sets it apart from d_model=16,pre_norm=false (equal variants are refused)
+    # the baseline's dropout sets it apart from d_model=16,pre_norm=false (equal variants are warned of)
     sweep = write_sweep(tmp_path, "grid", variants=[{"name": "baseline", "overrides": {"model.dropout": 0.1}},
                                                     {"name": "vocab", "overrides": ["vocab.size=20"]}],
                         grid={"model.d_model": [16, 32], "model.pre_norm": [False, True]})
@@ -339,10 +345,6 @@ def test_dry_run_lists_variants_with_parameter_counts(tmp_path):
      ["variant x: train is set both by the grid and by train.lr"]),
     ({"variants": [{"name": "a", "overrides": {"model": {"pre_norm": True}, "model.pre_norm": False}}]},
      ["variant a: model.pre_norm is set twice"]),
-    # two variants of one config (YAML 1.1 reads 1e-3 as text, which train.lr reads as 0.001)
-    ({"grid": {"train.lr": ["1e-3", 0.001]}}, ["variants lr=1e-3 and lr=0.001 have the same settings"]),
-    ({"variants": [{"name": "a"}, {"name": "b", "overrides": {"train.lr": 0.003}}]},  # the recipe's own lr
-     ["variants a and b have the same settings"]),
     # the seeds set train.seed for every run: a nested mapping must not get past that
     ({"seeds": [1], "variants": [{"name": "a", "overrides": {"train": {"seed": 5}}}]}, ["variant a sets train.seed"]),
     ({"seeds": [1], "variants": [{"name": "a", "overrides": ["train={seed: 5}"]}]}, ["variant a sets train.seed"]),
@@ -376,6 +378,71 @@ def test_a_nested_override_sets_the_keys_it_names(tmp_path):
     assert mapping.config == load_config(recipe, ["model.pre_norm=true", "train.seed=5", *placed(mapping)])
     assert listed.config == load_config(recipe, ["model.pre_norm=true", "model.dropout=0.1", *placed(listed)])
     assert (mapping.config.model.d_model, mapping.config.train.max_steps) == (16, 12)  # the recipe's, kept
+
+
+@pytest.mark.parametrize("change, pairs", [
+    # a baseline plus a grid over its own value (the recipe's train.lr is 0.003)
+    ({"variants": [{"name": "base"}, {"grid": {"train.lr": [0.003, 0.01]}}]}, [("base", "lr=0.003")]),
+    # YAML 1.1 reads 1e-3 as text, which train.lr reads as 0.001
+    ({"grid": {"train.lr": ["1e-3", 0.001]}}, [("lr=1e-3", "lr=0.001")]),
+    # each later copy is named with the first
+    ({"variants": [{"name": "a"}, {"name": "b", "overrides": {"train.lr": 0.003}},
+                   {"name": "c", "overrides": ["train.lr=3e-3"]}]}, [("a", "b"), ("a", "c")]),
+    ({"variants": [{"name": "a"}, {"name": "b", "overrides": {"train.lr": 0.01}}]}, []),
+])
+def test_variants_of_the_same_settings_are_warned_of_not_refused(tmp_path, change, pairs):
+    """A sweep file with a baseline inside its grid loaded before the check came: it still loads,
+    every variant kept, with one warning line per copy."""
+    from nmtkit.sweep.spec import load_sweep
+
+    write_task(tmp_path)
+    path = write_sweep(tmp_path, "same", **change)
+    sweep = load_sweep(path)
+    assert sweep.warnings == tuple(f"{path}: variants {a} and {b} have the same settings and will train the same "
+                                   f"model (`seeds:` repeats a run with other seeds)" for a, b in pairs)
+    assert len(sweep.variants) == len({v.name for v in sweep.variants}) >= 2
+
+
+def test_same_settings_warning_is_one_line_on_stderr(tmp_path):
+    write_task(tmp_path)
+    path = write_sweep(tmp_path, "same", variants=[{"name": "base"}, {"grid": {"train.lr": [0.003, 0.01]}}])
+    result = sweep_here(path, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warned == [f"warning: {path}: variants base and lr=0.003 have the same settings and will train the same "
+                      f"model (`seeds:` repeats a run with other seeds)"], result.stderr
+    assert "lr=0.01" in result.stderr  # every variant listed
+
+
+def test_a_nested_override_replaces_a_dict_valued_key_whole(tmp_path):
+    """``{data: {files: {train: {fr: ..}}}}`` flattened to data.files.train.fr=..., which kept
+    the recipe's languages and splits beside the new ones: data.files is one value, replaced
+    whole, as on the command line."""
+    import yaml
+
+    from nmtkit.sweep.spec import load_sweep
+
+    recipe = yaml.safe_load(write_task(tmp_path).read_text())
+    new = {"dev": {"fr": "d.fr", "tgt": "d.tgt"}, "test": {"fr": "t.fr", "tgt": "t.tgt"},
+           "train": {"fr": "a.fr", "tgt": "a.tgt"}}  # in the order write_sweep's YAML puts them
+    text = json.dumps(new)
+    sweep = load_sweep(write_sweep(tmp_path, "files", variants=json.loads(json.dumps([  # no YAML aliases
+        {"name": "nested", "overrides": {"data": {"src_lang": "fr", "files": new, "clean": {"max_len": 9}}}},
+        {"name": "listed", "overrides": [f"data={{src_lang: fr, files: {text}}}"]},
+        {"name": "dotted", "overrides": {"data.src_lang": "fr", "data.files": new}},
+        {"name": "only", "overrides": {"data": {"files": {"train": {"src": "b.src", "tgt": "b.tgt"}}}}},
+        {"name": "g", "grid": {"data.files.train": [{"fr": "b.fr", "tgt": "b.tgt"}]}}]))))
+    nested, listed, dotted, only, grid = sweep.variants
+    assert nested.overrides == ("data.clean.max_len=9", f"data.files={text}", "data.src_lang=fr")
+    assert listed.overrides == ("data.src_lang=fr", f"data.files={text}")
+    assert dotted.overrides == (f"data.files={text}", "data.src_lang=fr")
+    assert only.overrides == ('data.files={"train": {"src": "b.src", "tgt": "b.tgt"}}',)
+    for variant in (nested, listed, dotted):
+        assert variant.config.data.files == new, variant.name
+    assert only.config.data.files == {"train": {"src": "b.src", "tgt": "b.tgt"}}  # dev and test gone too
+    assert grid.overrides == ('data.files.train={"fr": "b.fr", "tgt": "b.tgt"}',)  # a dotted key: that split
+    assert grid.config.data.files == {**recipe["data"]["files"], "train": {"fr": "b.fr", "tgt": "b.tgt"}}
+    assert nested.config.data.clean.max_len == 9 and nested.config.model.d_model == 16  # sections still merge
 
 
 def test_a_bad_sweep_file_is_one_line_before_any_work(tmp_path):

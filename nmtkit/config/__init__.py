@@ -7,7 +7,7 @@ and back, ``rules.py`` checks what types cannot (ranges, one data source, per-ar
 keys, cross-field rules). Everyone imports from here. Nothing heavy (no torch), so that
 ``nmtkit --help`` stays fast.
 """
-from nmtkit.config.loading import (apply_overrides, decode_config_from_dict, from_dict, load_config,
+from nmtkit.config.loading import (apply_overrides, decode_config_from_dict, from_dict, is_section, load_config,
                                    model_config_from_dict, parse_value, read_recipe, save_config)
 from nmtkit.config.rules import NUMERIC_KEYS, estimated_parameters, validate
 from nmtkit.config.schema import (ARCH_KEYS, DECODE_SETTINGS, PRESETS, CleanConfig, Config, CorpusConfig, DataConfig,
@@ -16,5 +16,5 @@ from nmtkit.config.schema import (ARCH_KEYS, DECODE_SETTINGS, PRESETS, CleanConf
 
 __all__ = ["ARCH_KEYS", "DECODE_SETTINGS", "NUMERIC_KEYS", "PRESETS", "CleanConfig", "Config", "CorpusConfig",
            "DataConfig", "DecodeConfig", "EvalConfig", "ModelConfig", "SourceConfig", "TrainConfig", "VocabConfig",
-           "apply_overrides", "decode_config_from_dict", "estimated_parameters", "from_dict", "load_config",
-           "model_config_from_dict", "parse_value", "read_recipe", "save_config", "validate"]
+           "apply_overrides", "decode_config_from_dict", "estimated_parameters", "from_dict", "is_section",
+           "load_config", "model_config_from_dict", "parse_value", "read_recipe", "save_config", "validate"]

@@ -142,12 +142,21 @@ def _annotation_at(parts: list[str]) -> Any:
     return annotation
 
 
-def _merge(into: dict, value: dict) -> dict:
-    """``value`` merged into ``into`` key by key, mappings recursively: ``model={pre_norm: true}``
-    sets one key of the recipe's model section, as ``model.pre_norm=true`` does."""
+def is_section(parts: list[str]) -> bool:
+    """Whether the dotted key ``parts`` names a section of the schema (data, data.clean, model,
+    ...), whose keys a mapping sets one by one; a dict-valued field (data.files, data.hf_splits)
+    is one value, replaced whole."""
+    return dataclasses.is_dataclass(_annotation_at(parts))
+
+
+def _merge(into: dict, value: dict, parts: list[str]) -> dict:
+    """``value`` merged into the section ``parts`` key by key, its subsections recursively:
+    ``model={pre_norm: true}`` sets one key of the recipe's model section, as
+    ``model.pre_norm=true`` does. Any other mapping replaces what it meets: ``data={files: {...}}``
+    merged into the recipe's files would keep a language or split the new value leaves out."""
     for key, item in value.items():
-        if isinstance(item, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], item)
+        if isinstance(item, dict) and isinstance(into.get(key), dict) and is_section([*parts, key]):
+            _merge(into[key], item, [*parts, key])
         else:
             into[key] = item
     return into
@@ -155,7 +164,7 @@ def _merge(into: dict, value: dict) -> dict:
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Set dotted ``a.b.c=value`` overrides in a nested dict (before type checking); a mapping
-    value is merged into what the key holds, never replacing a whole section."""
+    value is merged into a section, never replacing it whole, and replaces any other value."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.max_steps=1000)")
@@ -167,19 +176,20 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if value is None or value == "":
             # `train=` would reset a section to its defaults, `name=` put the work directory at
             # data/ itself, `workdir=` drop the recipe's: an unset shell variable, most likely
+            typed = f"{key}={text.strip()}"  # as given: workdir=null, workdir=~ (YAML's nulls) or workdir=
             if dataclasses.is_dataclass(_annotation_at(parts)):
-                raise ConfigError(f"override {key}= has no value: {key} is a section; set its keys "
+                raise ConfigError(f"override {typed} has no value: {key} is a section; set its keys "
                                   f"({key}.KEY=VALUE) or a mapping ({key}={{KEY: VALUE}})")
             if key in ("name", "workdir"):
-                raise ConfigError(f"override {key}= has no value: give a {key} (or leave the override out)")
+                raise ConfigError(f"override {typed} has no value: give a {key} (or leave the override out)")
         for part in parts[:-1]:
             if node.get(part) is None:  # absent, or an empty section (`model:` with nothing under it)
                 node[part] = {}
             node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key}: {part} is not a section")
-        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
-            _merge(node[parts[-1]], value)
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict) and is_section(parts):
+            _merge(node[parts[-1]], value, parts)
         else:
             node[parts[-1]] = value
     return raw

@@ -219,7 +219,7 @@ class TrainConfig:
     warmup: int = 4000
     betas: tuple = (0.9, 0.98)
     eps: float = 1e-9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # above 0: AdamW, decay decoupled from the gradient
     label_smoothing: float = 0.1
     # subword regularisation: training sentences re-segmented every epoch by SentencePiece sampling,
     # seeded by (seed, epoch, sentence); dev and test keep their one segmentation. 0 turns it off.

@@ -15,7 +15,7 @@ from nmtkit.data.ids import prepared_file
 from nmtkit.data.sources import sword
 from nmtkit.errors import ConfigError, DataError
 from nmtkit.storage.files import read_json_dict
-from nmtkit.storage.outputs import check_output_file, open_output
+from nmtkit.storage.outputs import check_output_file, open_output, same_file
 
 
 def heldout_refs(prepared: Path) -> tuple[set[str], set[str]]:
@@ -102,7 +102,7 @@ def export_verses(name: str, output: str | None, exclude: list[Path], testament:
     if refs_output == "-" and out is None:  # one stream cannot carry both, line by line
         raise ConfigError("--refs -: the verses already go to stdout; give -o FILE, or --refs FILE")
     refs_out = check_output_file(None if refs_output == "-" else refs_output, "--refs")
-    if out is not None and refs_out is not None and _same_file(out, refs_out):
+    if out is not None and refs_out is not None and same_file(out, refs_out):
         raise ConfigError(f"--refs {refs_output} is the file -o writes the verses to; give each its own file")
     for prepared in exclude:
         heldout_refs(prepared)  # a wrong --exclude fails before the seconds of reading the module
@@ -116,14 +116,3 @@ def export_verses(name: str, output: str | None, exclude: list[Path], testament:
             sys.stdout.buffer.write(text)
             sys.stdout.flush()
     return report
-
-
-def _same_file(one: Path, other: Path) -> bool:
-    """Whether two output paths name one file: the same path once resolved, or (existing) the
-    same inode through a hard link."""
-    if os.path.realpath(one) == os.path.realpath(other):
-        return True
-    try:
-        return os.path.samefile(one, other)
-    except OSError:  # one of them does not exist yet
-        return False

@@ -46,6 +46,19 @@ def names_descriptor(path: str | Path) -> bool:
     return False
 
 
+def same_file(one: str | Path, other: str | Path) -> bool:
+    """Whether two paths name one file or directory: the same path once links and ``..`` are
+    resolved (so an output not made yet is still caught), or, both existing, the same inode
+    (a hard link). Callers refuse writing one over the other: verses' -o and --refs, an output
+    inside the model directory translate reads."""
+    if os.path.realpath(one) == os.path.realpath(other):
+        return True
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def _target(text: str | Path, option: str) -> Path:
     """The path ``-o`` names, a symbolic link followed (not one to an open descriptor), its
     parents checked."""

@@ -54,6 +54,8 @@ def run_sweep(sweep: Sweep, console, only: Optional[list[str]] = None, dry_run: 
     from nmtkit.sweep.results import print_results, write_results
 
     selected = sweep.select(only)
+    for warning in sweep.warnings:
+        console.warn(warning)
     if dry_run:
         list_variants(sweep, {v.name: _counts(v) for v in selected}, console, selected)
         return {}
@@ -184,7 +186,8 @@ def _trained_otherwise(run_dir: Path, cfg, done_before: bool = False) -> list[st
                 spent = _LIMITS[key](state) if state is not None else None
                 if spent is not None and (not value or spent <= value):  # 0: no limit (max_steps is never 0)
                     continue
-                changed.append(f"train.{key}={value:g}, which the run has passed" if spent is not None
+                shown = value if isinstance(value, int) else f"{value:g}"  # max_steps=1000000, not 1e+06
+                changed.append(f"train.{key}={shown}, which the run has passed" if spent is not None
                                else f"train.{key}")
             elif section == "train" and key in _UNTIL_FINISHED:
                 metrics = (old.get("best_metric"), now["train"]["best_metric"])

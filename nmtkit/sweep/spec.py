@@ -19,10 +19,11 @@
     baseline: lstm                      # ... unless one is named here (or by --baseline)
 
 Overrides are a mapping of dotted keys or a list of ``key=value`` strings; a nested mapping
-({model: {pre_norm: true}}) is one dotted key per value (model.pre_norm=true). Each variant's
+({model: {pre_norm: true}}) is one dotted key per value of a section (model.pre_norm=true),
+and one value for a mapping-valued key (data.files), replaced whole. Each variant's
 config is the one ``nmtkit run RECIPE key=value ...`` would build, so every variant is
 built (and validated like a recipe) before any work starts: a key a variant sets twice (its
-overrides and its grid) and two variants of the same settings are refused. No torch here.
+overrides and its grid) is refused, two variants of the same settings are warned of. No torch here.
 
 With ``seeds`` and/or ``splits`` (or ``nmtkit sweep --seeds 1,2 --splits 3``) each variant is
 a group of runs, one per (seed, split), named ``NAME,seed=S,split=K``; split K sets
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nmtkit.config import Config, apply_overrides, from_dict, parse_value, read_recipe
+from nmtkit.config import Config, apply_overrides, from_dict, is_section, parse_value, read_recipe
 from nmtkit.errors import ConfigError
 from nmtkit.recipe_text import MAX_RECIPE_BYTES, plain_copy, safe_yaml  # no aliases: see recipe_text.py
 from nmtkit.storage.files import read_regular
@@ -154,6 +155,7 @@ class Sweep:
     seeds: tuple[int, ...] = ()
     splits: int = 0  # 0: not replicated
     baseline_name: str = ""  # the variant the p-values test against ("": the first)
+    warnings: tuple[str, ...] = ()  # one line each, shown before the sweep lists or runs anything
 
     @property
     def replicated(self) -> bool:
@@ -228,15 +230,16 @@ def load_sweep(path: str | Path, seeds: list[int] | None = None, splits: int | N
         variants.append(Variant(name, variant_recipe, tuple(items),
                                 _variant_config(path, variant_recipe, workdir, name, shared, items, recipes)))
     variants = tuple(variants)
-    _check_distinct(path, variants)
+    duplicates = _duplicates(path, variants)
     seeds = check_seeds(seeds, "--seeds") if seeds is not None else check_seeds(raw.get("seeds"), f"{path}: seeds")
     splits = check_splits(splits, "--splits") if splits is not None else check_splits(raw.get("splits"), f"{path}: splits")
     baseline = _baseline(baseline if baseline is not None else raw.get("baseline"), variants,
                          "--baseline" if baseline is not None else f"{path}: baseline")
     if not seeds and not splits:
-        return Sweep(path.stem, path, recipe, workdir, shared, variants, baseline_name=baseline)
+        return Sweep(path.stem, path, recipe, workdir, shared, variants, baseline_name=baseline, warnings=duplicates)
     runs = _replicas(path, workdir, shared, variants, seeds, splits or 1, recipes)
-    return Sweep(path.stem, path, recipe, workdir, shared, runs, variants, tuple(seeds), splits or 1, baseline)
+    return Sweep(path.stem, path, recipe, workdir, shared, runs, variants, tuple(seeds), splits or 1, baseline,
+                 duplicates)
 
 
 def _baseline(value: Any, variants: tuple[Variant, ...], where: str) -> str:
@@ -249,15 +252,19 @@ def _baseline(value: Any, variants: tuple[Variant, ...], where: str) -> str:
     return value
 
 
-def _check_distinct(path: Path, variants: tuple[Variant, ...]) -> None:
-    """Two variants of one config (``train.lr: [1e-3, 0.001]``, which YAML reads as text and a
-    number) would train the same model twice and show it as two results."""
+def _duplicates(path: Path, variants: tuple[Variant, ...]) -> tuple[str, ...]:
+    """One warning per variant with the settings of an earlier one (``train.lr: [1e-3, 0.001]``,
+    which YAML reads as text and a number; a baseline inside a grid): they train the same model
+    twice. A warning, not an error: a baseline plus a grid over its value is a common sweep, and
+    sweep files written before this check still load."""
     seen: dict[str, str] = {}
+    found = []
     for variant in variants:
         other = seen.setdefault(variant.training_key, variant.name)
         if other != variant.name:
-            raise ConfigError(f"{path}: variants {other} and {variant.name} have the same settings; a sweep "
-                              f"trains each once (`seeds:` repeats runs with other seeds)")
+            found.append(f"{path}: variants {other} and {variant.name} have the same settings and will train the "
+                         f"same model (`seeds:` repeats a run with other seeds)")
+    return tuple(found)
 
 
 def _replicas(path: Path, workdir: Path, shared: tuple[str, ...], variants: tuple[Variant, ...], seeds: list[int],
@@ -314,8 +321,8 @@ def _recipe_path(sweep_path: Path, value: Any, where: str) -> Path:
 def _override_items(value: Any, where: str) -> list[str]:
     """A mapping {dotted.key: value} or a list of ``key=value`` strings -> ``key=value`` strings,
     one per setting: a nested mapping ({model: {pre_norm: true}}, or ``model={pre_norm: true}``)
-    becomes a dotted key per value (model.pre_norm=true), so it sets those keys of the section,
-    as on the command line, and the checks below see every key it sets."""
+    becomes a dotted key per value of a section (model.pre_norm=true), so it sets those keys of
+    the section, as on the command line, and the checks below see every key it sets."""
     if value is None:
         return []
     if isinstance(value, dict):
@@ -350,8 +357,10 @@ def _override_items(value: Any, where: str) -> list[str]:
 
 def _flat(key: str, value: Any) -> list[tuple[str, Any]]:
     """(dotted key, value) of each leaf of a nested mapping: {model: {pre_norm: true}} ->
-    [("model.pre_norm", True)]; an empty mapping and anything else are one leaf."""
-    if isinstance(value, dict) and value:
+    [("model.pre_norm", True)]. Only a section is opened: a mapping for a dict-valued field
+    ({data: {files: {...}}}) is one leaf that replaces the recipe's, as on the command line
+    (set key by key, it would keep the recipe's other languages and splits); so is an empty one."""
+    if isinstance(value, dict) and value and is_section(key.split(".")):
         return [pair for name, item in value.items() for pair in _flat(f"{key}.{name}", item)]
     return [(key, value)]
 
