@@ -295,3 +295,37 @@ def test_a_joined_group_of_one_on_cuda_gets_the_local_rank_device(monkeypatch, t
         torch.distributed.destroy_process_group()
     with dist.process_group(torch.device("cuda")) as device:  # no group joined: nothing changes
         assert device == torch.device("cuda") and len(chosen) == 1
+
+
+def test_a_resume_on_another_process_count_says_the_update_changed(monkeypatch, prepared, tmp_path):
+    """train.update_freq counts per process: a run resumed on fewer processes would take smaller
+    updates without a word. The count is recorded; a checkpoint that lacks it (0) warns of nothing."""
+    from nmtkit.config import TrainConfig, from_dict
+    from nmtkit.runtime.console import NmtConsole
+    from nmtkit.training import checkpoint
+    from nmtkit.training import distributed as dist
+    from nmtkit.training.trainer import train
+
+    recipe = tiny_recipe(_workdir(prepared, tmp_path), train={"max_steps": 2, "save_every": 2, "validate_every": 2,
+                                                              "update_freq": 2, "max_tokens": 100, "threads": 1})
+    train(from_dict(recipe), NmtConsole(0, file=io.StringIO(), width=400))
+    assert checkpoint.latest_checkpoint(tmp_path / "train").trainer.processes == 1
+    read = checkpoint.trainer_state
+    for recorded, warned in ((2, True), (0, False)):
+        monkeypatch.setattr(checkpoint, "trainer_state", lambda raw: dataclasses_replace(read(raw), recorded))
+        recipe["train"]["max_steps"] += 2
+        shown = io.StringIO()
+        train(from_dict(recipe), NmtConsole(0, file=shown, width=400))
+        message = ("resumed on 1 process(es) where this run trained on 2: train.update_freq=2 counts per process, so "
+                   "an update is now 2 batch(es) of up to 100 tokens instead of 4 (train.batches_per_update fixes "
+                   "the count over all processes)")
+        assert (message in shown.getvalue()) is warned
+    monkeypatch.setattr(dist, "world_size", lambda: 2)
+    assert dist.update_change(TrainConfig(update_freq=2), 2) == ""
+    assert dist.update_change(TrainConfig(batches_per_update=4), 1) == ""  # fixed over all processes
+
+
+def dataclasses_replace(state, processes):
+    import dataclasses
+
+    return dataclasses.replace(state, processes=processes)

@@ -214,3 +214,51 @@ def test_init_from_refuses_another_architecture_or_vocabulary_in_one_line(finetu
     with pytest.raises(ConfigError, match=r"^train.init_from: .* has another src vocabulary \(spm.model\) than the "
                                           r"prepared data .*; prepare with vocab.from: "):
         train(from_dict(recipe), quiet_console(), dry_run=True)
+
+
+def test_prepare_goes_on_once_the_reused_vocabulary_is_gone(general, tmp_path):
+    """The copies in prepared/ are checked against the spm stamp, so the general model may be moved
+    away after the first prepare (as docs/adapting.md says); anything else still needs it."""
+    source = tmp_path / "general-copy"
+    shutil.copytree(general, source)
+    recipe = prepared_recipe(tmp_path / "domain", tiny_sentences(30), **{"from": str(source)})
+    assert run_prepare(recipe)[0]["steps"]["spm"] == "done"
+    shutil.rmtree(source)
+    summary, _ = run_prepare(recipe)
+    assert summary["steps"] == {"fetch": "up to date", "spm": "up to date", "encode": "up to date"}
+    assert summary["vocab"]["from"] == str(source.resolve())
+    with pytest.raises(DataError, match=r"^directory not found: .*general-copy \(vocab.from\)$"):
+        run_prepare({**recipe, "vocab": {**recipe["vocab"], "size": 48}})  # another size: the model is needed
+    with pytest.raises(DataError, match=r"^directory not found: .*general-copy \(vocab.from\)$"):
+        run_prepare({**recipe, "vocab": {**recipe["vocab"], "joint": False}})  # another layout
+    prepared = tmp_path / "domain" / "work" / "prepared"
+    (prepared / "spm.model").write_bytes((prepared / "spm.model").read_bytes())  # touched: copied again
+    with pytest.raises(DataError, match=r"^directory not found: .*general-copy \(vocab.from\)$"):
+        run_prepare(recipe)
+
+
+def test_two_plain_models_with_equal_pieces_are_not_one_vocabulary(general, tmp_path):
+    """tie_embeddings=all over separate models needs id maps (an imported vocabulary): a model
+    directory with two plain SentencePiece models is refused by average and translate
+    (modeldir.joint_vocab), so prepare and train refuse it first, even when the piece lists agree."""
+    from nmtkit.training.startup import prepared_vocabs
+
+    twins = tmp_path / "twins"
+    twins.mkdir()
+    for name in ("spm.src.model", "spm.tgt.model"):
+        shutil.copy(general / "spm.model", twins / name)
+    recipe = prepared_recipe(tmp_path / "domain", tiny_sentences(30), joint=False, **{"from": str(twins)})
+    recipe["model"] = {"tie_embeddings": "all"}
+    with pytest.raises(ConfigError) as err:
+        run_prepare(recipe)
+    assert str(err.value) == (f"model.tie_embeddings=all needs one vocabulary, but {twins} (vocab.from) has two; "
+                              f"set model.tie_embeddings: decoder or none")
+    run_prepare({**recipe, "model": {"tie_embeddings": "decoder"}})  # prepared untied, then trained tied
+    prepared = tmp_path / "domain" / "work" / "prepared"
+    with pytest.raises(ConfigError) as err:
+        prepared_vocabs(from_dict(recipe))
+    assert str(err.value) == (f"model.tie_embeddings=all needs one vocabulary, but {prepared} has two SentencePiece "
+                              f"models (spm.src.model, spm.tgt.model) without id maps; set model.tie_embeddings: "
+                              f"decoder or none")
+    untied = from_dict({**recipe, "model": {"tie_embeddings": "decoder"}})
+    assert prepared_vocabs(untied)[0] == prepared / "spm.src.model"

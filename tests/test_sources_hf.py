@@ -113,3 +113,80 @@ def test_a_configuration_the_local_directory_lacks_is_refused(local_dataset):
 def test_a_revision_for_a_local_directory_is_refused(local_dataset):
     with pytest.raises(ConfigError, match="data.hf_revision pins a Hub dataset's version; .* remove data.hf_revision"):
         read_corpus(config(local_dataset, hf_revision="v1.0"))
+
+
+def _damaged_dict_json(path):
+    dataset_dict().save_to_disk(str(path))
+    (path / "dataset_dict.json").write_text('{"splits": 5}')
+
+
+def _damaged_state_json(path):
+    dataset_dict().save_to_disk(str(path))
+    (path / "train" / "state.json").write_text('{"a": 1}')
+
+
+def _empty_validation(path):
+    datasets.DatasetDict({"train": dataset_dict()["train"], "validation": dataset_dict()["validation"].select([]),
+                          "test": dataset_dict()["test"]}).save_to_disk(str(path))
+
+
+def _mixed_schemas(path):
+    path.mkdir()
+    dataset_dict()["train"].to_parquet(str(path / "train-0.parquet"))
+    datasets.Dataset.from_dict({"translation": [{"fr": "a", "en": "b"}], "x": [1]}).to_parquet(
+        str(path / "train-1.parquet"))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_damaged_dict_json, "TypeError: 'int' object is not iterable"),
+    (_damaged_state_json, "KeyError: '_data_files'"),
+    (_empty_validation, "IndexError: list index out of range"),
+    (_mixed_schemas, "DatasetGenerationError: An error occurred while generating the dataset: "),
+])
+def test_any_load_failure_is_one_line_data_error(tmp_path, damage, message):
+    """``datasets`` raises all kinds of errors on a damaged local dataset; each is reported, not a traceback."""
+    damage(tmp_path / "ds")
+    with pytest.raises(DataError) as err:
+        read_corpus(config(tmp_path / "ds"))
+    assert str(err.value).startswith(f"cannot load dataset {tmp_path / 'ds'}: {message}")
+    assert "\n" not in str(err.value)
+
+
+def _parquet_configs(path):
+    for name in ("de-en", "fr-en"):
+        (path / name).mkdir(parents=True)
+        for split, dataset in dataset_dict().items():
+            dataset.to_parquet(str(path / name / f"{split}-00000-of-00001.parquet"))
+
+
+def test_parquet_in_several_subdirectories_needs_a_configuration(tmp_path):
+    """Parquet loading reads subdirectories recursively: without hf_config both would be merged."""
+    _parquet_configs(tmp_path / "ds")
+    with pytest.raises(ConfigError) as err:
+        read_corpus(config(tmp_path / "ds", hf_config=""))
+    assert str(err.value) == (f"{tmp_path / 'ds'} holds parquet files in several subdirectories (de-en, fr-en), "
+                              f"which would be merged: set data.hf_config to the one to read")
+    assert read_corpus(config(tmp_path / "ds", hf_config="fr-en")).train_size == 3
+
+
+def test_a_parquet_file_is_not_a_dataset_directory(tmp_path):
+    dataset_dict()["train"].to_parquet(str(tmp_path / "train.parquet"))
+    with pytest.raises(DataError, match=r"train.parquet \(data.hf_name\) is a file; data.hf_name must be a dataset "
+                                        r"directory"):
+        read_corpus(config(tmp_path / "train.parquet"))
+
+
+def test_a_zero_is_reported_as_zero(tmp_path):
+    rows = [{"en": 0, "de": 1}]
+    datasets.DatasetDict({split: datasets.Dataset.from_dict({"translation": rows}) for split in ROWS}).save_to_disk(
+        str(tmp_path / "ds"))
+    with pytest.raises(DataError, match=r"a translation row holds \(0, 1\), not text"):
+        list(read_corpus(config(tmp_path / "ds")).train)
+
+
+def test_a_text_translation_column_is_refused_by_what_it_holds(tmp_path):
+    text = datasets.Dataset.from_dict({"translation": ["Hello"]})
+    datasets.DatasetDict({split: text for split in ROWS}).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(DataError, match=r"split train: the translation column holds string, not \{language: text\} "
+                                        r"rows$"):
+        read_corpus(config(tmp_path / "ds"))

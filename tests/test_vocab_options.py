@@ -150,3 +150,35 @@ def test_a_vocabulary_too_small_for_the_characters_says_to_raise_it(tmp_path):
         train_spm(text, tmp_path / "spm.model", vocab_size=30)
     message = str(err.value)
     assert "raise vocab.size" in message and "smaller vocab.size" not in message and "\n" not in message
+
+
+def test_lines_too_long_to_survive_cleaning_are_left_out_of_sentencepiece(tmp_path, monkeypatch):
+    """SentencePiece's training time grows with the square of its longest line: a line cleaning
+    will drop (more than 64 non-space characters per allowed piece) is not given to it."""
+    import nmtkit.data.vocab as vocab_module
+
+    seen = {}
+
+    def capture(seed, options):
+        seen["lines"] = open(options["input"][0], encoding="utf-8").read().splitlines()
+        seen["max_sentence_length"] = options["max_sentence_length"]
+
+    monkeypatch.setattr(vocab_module, "_train", capture)
+    monkeypatch.setattr(vocab_module.os, "replace", lambda *args: None)
+    normal = [f"the cat sees the dog {i}" for i in range(20)]
+    at_bound = "a" * 640 + " " + " " * 5000  # 640 non-space characters: 10 pieces of 64 could hold them
+    over = " ".join(["a"] * 641)  # 641 pieces at least
+    train_spm([*normal, at_bound, over], tmp_path / "spm.model", vocab_size=32, max_pieces=10)
+    assert seen["lines"] == [*normal, at_bound]
+    assert seen["max_sentence_length"] == len(at_bound) + 1
+    train_spm([*normal, over], tmp_path / "spm.model", vocab_size=32)  # no limit: every line goes in
+    assert seen["lines"] == [*normal, over]
+
+
+def test_prepare_gives_sentencepiece_the_cleaning_limit(recipe, monkeypatch):  # noqa: F811
+    given = []
+    real = prep.train_spm
+    monkeypatch.setattr(prep, "train_spm", lambda *args, **kwargs: given.append(kwargs["max_pieces"]) or
+                        real(*args, **kwargs))
+    run(recipe, "data.clean.max_len=100")
+    assert given == [100]

@@ -57,7 +57,7 @@ from nmtkit.data.ids import SplitWriter
 from nmtkit.data.ownership import check_prepared_dir
 from nmtkit.data.sources import fingerprint
 from nmtkit.data.sources.corpus import Pair
-from nmtkit.data.steps import UNFINISHED, consume, current_report, remove_leftovers, run_step
+from nmtkit.data.steps import UNFINISHED, consume, current_report, read_stamp, remove_leftovers, run_step
 from nmtkit.data.summary import counts_text, print_summary
 from nmtkit.data.textfiles import open_lines, read_text, write_lines, write_pairs
 from nmtkit.data.mapped_vocab import id_map_of, open_vocab
@@ -208,6 +208,10 @@ def _write_corpus_tests(out: Path, data, tests: dict[str, list[Pair]]) -> dict[s
 
 def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
     vocab = cfg.vocab
+    if vocab.from_ and not Path(vocab.from_).expanduser().is_dir():
+        recorded = _recorded_reuse(cfg, out)
+        if recorded is not None:
+            return recorded
     if vocab.from_:  # the reused models themselves, whatever text they were trained on
         models = dict(zip(spm_files(vocab.joint), reused_models(vocab.from_, vocab.joint)))
         models.update({id_map_of(name).name: id_map_of(path) for name, path in models.items() if id_map_of(path).is_file()})
@@ -223,6 +227,23 @@ def _spm_inputs(cfg: Config, fetch: dict, out: Path) -> dict:
             settings["sample_lines"] = capped
         inputs = {"format": FORMAT, "vocab": settings, "train": train}
     return {**inputs, "tags": cfg.data.tags} if cfg.data.tags else inputs  # reserved pieces of the source model
+
+
+def _recorded_reuse(cfg: Config, out: Path) -> dict | None:
+    """The spm step's recorded inputs when vocab.from (now gone) was copied from that very directory
+    with the recipe's other vocab settings: the copies, checked against their stamp, are what it
+    held, so a fine-tuning run may go on after its general model was moved or deleted. None
+    otherwise (the step runs, and reports the missing directory)."""
+    stamp = read_stamp(out, "spm")
+    if stamp is None or not isinstance(stamp.get("inputs"), dict) or not isinstance(stamp["inputs"].get("from"), dict):
+        return None
+    recorded, report = stamp["inputs"], stamp["report"]
+    expected = json.loads(json.dumps({"format": FORMAT, "from": recorded["from"], "size": cfg.vocab.size,
+                                      "type": cfg.vocab.type, **({"tags": cfg.data.tags} if cfg.data.tags else {})}))
+    same_place = isinstance(report, dict) and report.get("from") == str(Path(cfg.vocab.from_).expanduser().resolve())
+    models = set(spm_files(cfg.vocab.joint))
+    same_layout = set(recorded["from"]) - {id_map_of(name).name for name in models} == models  # vocab.joint
+    return recorded if same_place and same_layout and recorded == expected else None
 
 
 def _spm_options(vocab, changed_only: bool = False) -> dict:
@@ -269,7 +290,7 @@ def _train_vocab(cfg: Config, out: Path, fetch: dict, console) -> list[str]:
         with console.terminal_bar(f"SentencePiece {name}", None):  # tags go before source sentences only
             train_spm(sample, out / name, vocab.size, vocab.type, vocab.character_coverage,
                       lines, reserved=data.tags if name == src_name else (), in_subprocess=large,
-                      **_spm_options(vocab))
+                      max_pieces=data.clean.max_len, **_spm_options(vocab))
     return list(jobs)
 
 
@@ -326,11 +347,14 @@ def _reuse_vocab(cfg: Config, out: Path) -> list[str]:
 
 def _check_one_id_space(cfg: Config, models: dict) -> None:
     """Separate models tied as one table (model.tie_embeddings=all) must number their pieces alike:
-    only an imported model's two SentencePiece models over one id map do."""
+    only an imported model's two SentencePiece models over one id map do. Two plain models are
+    refused even when their piece lists are equal: a model directory with two of them and no id
+    maps is not one vocabulary to everything that reads it (average, translate)."""
     if cfg.vocab.joint or cfg.model.tie_embeddings != "all":
         return
     src, tgt = (open_vocab(path) for path in models.values())
-    if src.pieces(range(len(src))) != tgt.pieces(range(len(tgt))):
+    mapped = all(id_map_of(path).is_file() for path in models.values())
+    if not mapped or src.pieces(range(len(src))) != tgt.pieces(range(len(tgt))):
         raise ConfigError(f"model.tie_embeddings=all needs one vocabulary, but {cfg.vocab.from_} (vocab.from) has "
                           f"two; set model.tie_embeddings: decoder or none")
 

@@ -56,6 +56,11 @@ def current_report(out: Path, name: str, inputs: dict) -> dict | None:
     return None
 
 
+def read_stamp(out: Path, name: str) -> dict | None:
+    """Step ``name``'s stamp (key, inputs, outputs, report), or None when missing or damaged."""
+    return _read_stamp(_stamp_path(out, name))
+
+
 def consume(out: Path, name: str, files: list[str]) -> bool:
     """Delete ``files``, outputs of the finished step ``name`` left as it wrote them, and record
     them absent in its stamp; True if any was deleted. Files the step did not write, or that

@@ -175,13 +175,14 @@ def spm_files(joint: bool) -> tuple[str, str]:
 def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, model_type: str = "unigram",
               character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1,
               reserved: Sequence[str] = (), in_subprocess: bool = False, byte_fallback: bool = False,
-              normalization: str = "nmt_nfkc", split_digits: bool = False) -> None:
+              normalization: str = "nmt_nfkc", split_digits: bool = False, max_pieces: int = 0) -> None:
     """Train a SentencePiece model on ``texts`` and write ``model_path`` atomically. ``reserved``
     pieces (corpus tags) are user-defined symbols: always one piece, never split or merged.
     ``byte_fallback`` adds the 256 byte pieces <0x00>..<0xFF> (they count in ``vocab_size``):
     a character outside the learned pieces is encoded as its UTF-8 bytes instead of <unk>, and
     decoded back to itself. ``normalization`` is SentencePiece's rule name; ``split_digits``
-    makes every digit its own piece.
+    makes every digit its own piece. ``max_pieces`` (clean.max_len; 0: no limit): lines that
+    cannot encode to so few pieces are left out (``fits_in_pieces``).
 
     ``vocab_size`` is a hard limit: SentencePiece fails on small corpora that cannot fill
     it, and we turn that into a one-line error suggesting a smaller ``vocab.size``.
@@ -196,9 +197,10 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
     with tempfile.TemporaryDirectory(dir=model_path.parent.resolve()) as tmp:
         corpus = Path(tmp) / "corpus.txt"
         longest = 0  # bytes: SentencePiece skips longer lines (4,192 by default) unless told
+        margin = max(map(len, reserved), default=0)
         with open(corpus, "w", encoding="utf-8") as handle:
             for line in texts:
-                if line.strip():
+                if line.strip() and (not max_pieces or fits_in_pieces(line, max_pieces, margin)):
                     line = line.replace("\n", " ")
                     longest = max(longest, len(line.encode("utf-8")))
                     handle.write(line + "\n")
@@ -223,6 +225,19 @@ def train_spm(texts: Iterable[str], model_path: str | Path, vocab_size: int, mod
             raise DataError(f"SentencePiece training failed: {message} ({spm_advice(message)})") from None
         os.replace(f"{prefix}.model", model_path)
         os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
+
+
+SPM_CHARS_PER_PIECE = 4 * 16  # 16: SentencePiece's max_piece_length; 4: normalisation composes at most 3 into 1
+
+
+def fits_in_pieces(line: str, pieces: int, margin: int = 0) -> bool:
+    """Whether ``line`` might encode to at most ``pieces`` pieces, so cleaning (clean.max_len) might
+    keep it. A piece holds at most 16 characters (max_piece_length) and whitespace runs fold into
+    one "▁", so a line with more than 64 non-space characters per piece (plus ``margin``, a
+    reserved tag's length) cannot: SentencePiece's training time grows with the square of its
+    longest line, and one such line would take minutes for a model that never sees it."""
+    bound = pieces * SPM_CHARS_PER_PIECE + margin
+    return len(line) <= bound or sum(map(len, line.split())) <= bound
 
 
 def spm_advice(message: str) -> str:

@@ -54,6 +54,7 @@ class TrainerState:
     loss_scaler: dict = field(default_factory=dict)  # fp16: scale and growth count (precision.py); else empty
     dev_sha256: str = ""  # the dev ids best_score was earned on ("": a checkpoint of an older nmtkit)
     threads: int = 0  # CPU threads the run trains with (weights depend on the count); 0: not recorded (GPU, older)
+    processes: int = 0  # processes the run trained on (train.update_freq counts per process); 0: not recorded (older)
     # each process's unlogged sums since the last train record (loss, nll, tokens, steps, seconds, MoE
     # router stats), so the first record after a resume averages the same updates an uninterrupted run's does
     log_window: list = field(default_factory=list)
@@ -200,7 +201,7 @@ def _check_step(path: Path, trainer: TrainerState, meta: Optional[dict] = None) 
 
 
 _COUNTERS = ("step", "epoch", "batch_in_epoch", "epoch_batches", "best_step", "bad_validations", "skipped_steps",
-             "threads")
+             "threads", "processes")
 
 
 def trainer_state(raw: dict) -> TrainerState:

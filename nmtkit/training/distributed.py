@@ -93,6 +93,20 @@ def local_update_freq(train_cfg) -> int:
     return total // world_size()
 
 
+def update_change(train_cfg, recorded: int) -> str:
+    """What a resume on another number of processes than the run's ``recorded`` one (0: an older
+    checkpoint, which did not say) does to the update: with train.update_freq, which counts per
+    process, it holds more or fewer batches; "" when nothing changes (batches_per_update fixes
+    the count over all processes)."""
+    now = world_size()
+    if not recorded or recorded == now or train_cfg.batches_per_update:
+        return ""
+    per = train_cfg.update_freq
+    return (f"resumed on {now} process(es) where this run trained on {recorded}: train.update_freq={per} counts per "
+            f"process, so an update is now {per * now} batch(es) of up to {train_cfg.max_tokens} tokens instead of "
+            f"{per * recorded} (train.batches_per_update fixes the count over all processes)")
+
+
 def my_share(group: list, update_freq: int) -> list:
     """This rank's micro-batches of one update's ``update_freq * world_size`` batches."""
     start = rank() * update_freq

@@ -153,6 +153,13 @@ def prepared_vocabs(cfg: Config) -> tuple[Path, Path, Vocab, Vocab]:
         if id_map_of(path).is_file():
             prepared_file(id_map_of(path))
     check_prepared_settings(cfg, prepared)
+    if cfg.model.tie_embeddings == "all" and src_path != tgt_path and not all(
+            id_map_of(path).is_file() for path in (src_path, tgt_path)):
+        # prepare checks this when it copies vocab.from, but tie_embeddings is no prepare setting: a
+        # model trained so would be refused by everything that reads it (modeldir.joint_vocab)
+        raise ConfigError(f"model.tie_embeddings=all needs one vocabulary, but {prepared} has two SentencePiece "
+                          f"models ({src_path.name}, {tgt_path.name}) without id maps; set model.tie_embeddings: "
+                          f"decoder or none")
     return src_path, tgt_path, open_vocab(src_path), open_vocab(tgt_path)
 
 

@@ -194,7 +194,11 @@ class Trainer:
             if self.device.type == "cpu" and self.state.threads != self.threads_for:  # resumed from an older one
                 self.threads = training_threads(self.cfg.train.threads, self.state.threads, self.console)
             self._restore_window(self.state.log_window)
+            changed = dist.update_change(self.cfg.train, self.state.processes)
+            if changed:
+                self.console.warn(changed)
         self.state.threads = self.threads
+        self.state.processes = dist.world_size()
         self.ema = restored_ema(ck.ema if ck is not None else None, self.model, self.cfg.train.ema_decay, self.device)
         if dist.is_main():
             self._settle_best()

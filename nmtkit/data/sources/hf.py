@@ -3,8 +3,9 @@
 ``data.hf_name`` is a Hub id (``wmt/wmt14`` with ``hf_config: de-en``; pin ``hf_revision``
 for reproducibility) or a local directory: one written by ``Dataset(Dict).save_to_disk``,
 or a directory of parquet files named by split (``train-*.parquet``, ``validation-*``,
-...; a subdirectory named ``hf_config`` is used when present). ``data.hf_splits`` maps
-our train/dev/test to the dataset's split names (WMT14: validation is newstest2013, test
+...; a subdirectory named ``hf_config`` is used when present, and must be named when several
+subdirectories hold parquet files: parquet loading reads them all, as one dataset).
+``data.hf_splits`` maps our train/dev/test to the dataset's split names (WMT14: validation is newstest2013, test
 is newstest2014). ``datasets`` is imported here only, so other commands never pay for it.
 """
 from __future__ import annotations
@@ -27,6 +28,9 @@ def local_dir(data: SourceConfig) -> Path | None:
     path = Path(data.hf_name).expanduser()
     if path.is_dir():
         return path
+    if path.exists():
+        raise DataError(f"{shown_path(path, 'data.hf_name')} is a file; data.hf_name must be a dataset directory "
+                        f"(save_to_disk, or parquet files) or a Hub id")
     if data.hf_name.startswith((".", "/", "~")) or data.hf_name.count("/") > 1:
         raise DataError(f"dataset directory not found: {shown_path(path, 'data.hf_name')}")
     return None
@@ -84,13 +88,40 @@ def _load(data: SourceConfig):
                 loaded = datasets.load_from_disk(str(path))
                 return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
             if next(path.rglob("*.parquet"), None) is not None:
+                if not data.hf_config:
+                    _refuse_several_configs(path)
                 return datasets.load_dataset("parquet", data_dir=str(path))
-    except (OSError, ValueError) as err:
+    except (ConfigError, DataError):
+        raise
+    except Exception as err:  # datasets raises anything (IndexError, KeyError, ...) on a damaged local dataset
         where = f"{data.hf_name}" + (f" ({data.hf_config})" if data.hf_config else "")
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = _first_line(err)
+        if err.__cause__ is not None:  # DatasetGenerationError says only "An error occurred ..."; the cause says what
+            first += f": {_first_line(err.__cause__)}"
         hint = " (offline? data.hf_name can be a local directory)" if isinstance(err, ConnectionError) else ""
         raise DataError(f"cannot load dataset {where}: {first}{hint}") from None
     raise DataError(f"{path}: neither a saved dataset (save_to_disk) nor a directory of parquet files")
+
+
+def _first_line(err: BaseException) -> str:
+    """The error's first line; named by its type unless it is an OSError or ValueError, whose messages
+    stand alone (a KeyError's is just the key)."""
+    text = str(err).strip()
+    if not text:
+        return type(err).__name__
+    first = text.splitlines()[0]
+    return first if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__}: {first}"
+
+
+def _refuse_several_configs(path: Path) -> None:
+    """``load_dataset("parquet", data_dir=...)`` reads subdirectories recursively: parquet files in
+    several subdirectories (configurations such as de-en/ and fr-en/) would be merged silently."""
+    if next(path.glob("*.parquet"), None) is not None:
+        return
+    holders = sorted(sub.name for sub in path.iterdir() if sub.is_dir() and next(sub.rglob("*.parquet"), None))
+    if len(holders) > 1:
+        raise ConfigError(f"{path} holds parquet files in several subdirectories ({', '.join(holders)}), which would "
+                          f"be merged: set data.hf_config to the one to read")
 
 
 @contextlib.contextmanager
@@ -122,6 +153,9 @@ def _check_languages(split, data: SourceConfig, ours: str) -> None:
         raise DataError(f"dataset {data.hf_name} split {ours} has no 'translation' column "
                         f"(columns: {', '.join(split.column_names)})")
     feature = split.features["translation"]
+    if not (hasattr(feature, "languages") or isinstance(feature, dict)):
+        raise DataError(f"dataset {data.hf_name} split {ours}: the translation column holds "
+                        f"{getattr(feature, 'dtype', type(feature).__name__)}, not {{language: text}} rows")
     langs = list(getattr(feature, "languages", None) or (feature.keys() if isinstance(feature, dict) else []))
     missing = [lang for lang in (data.src_lang, data.tgt_lang) if lang not in langs]
     if missing:
@@ -134,7 +168,12 @@ def _pairs(split, data: SourceConfig) -> Iterator[Pair]:
     but text is a DataError."""
     for batch in split.iter(batch_size=BATCH_ROWS):
         for row in batch["translation"]:
-            pair = tuple((row or {}).get(lang) or "" for lang in (data.src_lang, data.tgt_lang))
+            pair = tuple(_text((row or {}).get(lang)) for lang in (data.src_lang, data.tgt_lang))
             if not all(isinstance(text, str) for text in pair):
                 raise DataError(f"dataset {data.hf_name}: a translation row holds {pair!r}, not text")
             yield pair
+
+
+def _text(value):
+    """None reads as empty; anything else is kept as is so a non-text value is reported as it was."""
+    return "" if value is None else value
