@@ -544,12 +544,6 @@ def _terminate(signum, frame) -> None:
     raise _Terminated()
 
 
-def _one_line(message: str) -> str:
-    """An error message as one line: control characters from names the user gave (a path with a
-    newline or carriage return) are shown escaped (\\n, \\r, \\x8b), not written."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
-
-
 def _caused_by_ctrl_c(err: BaseException) -> bool:
     """Whether a KeyboardInterrupt is among the exceptions that led to ``err``."""
     seen = set()
@@ -598,13 +592,17 @@ def _run_app() -> None:
     except NmtkitError as err:
         if _state["debug"]:
             raise
-        print(f"nmtkit: error: {_one_line(str(err))}", file=sys.stderr)
+        from nmtkit.runtime.console import one_line
+
+        print(f"nmtkit: error: {one_line(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
     except OSError as err:
         known = None if _state["debug"] else user_os_error(err)  # a full disk, workdir=a file, ...
         if known is None:
             raise
-        print(f"nmtkit: error: {_one_line(known[0])}", file=sys.stderr)
+        from nmtkit.runtime.console import one_line
+
+        print(f"nmtkit: error: {one_line(known[0])}", file=sys.stderr)
         sys.exit(known[1])
     except KeyboardInterrupt:
         print("nmtkit: interrupted", file=sys.stderr)

@@ -98,7 +98,7 @@ def test_the_server_answers_alignments_as_translate_writes_them(loaded):
         for units in ("words", "pieces"):
             request = parse_request(f'{{"texts": [], "alignments": true, "alignment_units": "{units}"}}'.encode(),
                                     Limits())
-            body = batcher.submit(lines, request.decode).result(timeout=120)
+            body = batcher.submit(lines, request.decode).future.result(timeout=120)
             written = translate_lines(loaded, lines, options(alignments=True, alignment_units=units))
             assert body["alignments"] == [row.split("\t")[1] for row in written]
     finally:

@@ -26,6 +26,7 @@ import pytest
 
 from conftest import reversal_pairs, train_tiny
 from support.cli import cli_in_process
+from support.sockets import answer_of
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.translate_files import open_engine
@@ -93,18 +94,6 @@ def ask(port: int, method: str, path: str, body=None, headers: dict | None = Non
     conn.request(method, path, body=json.dumps(body) if isinstance(body, dict) else body, headers=headers or {})
     reply = conn.getresponse()
     return reply.status, {k.lower(): v for k, v in reply.getheaders()}, json.loads(reply.read() or b"null")
-
-
-def answer_of(sock: socket.socket, timeout: float) -> bytes:
-    """What the server sends on ``sock`` until it closes it (or ``timeout``; a reset ends it too)."""
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except (socket.timeout, ConnectionResetError):
-        pass
-    return data
 
 
 def json_answer(raw: bytes) -> tuple[int, dict, dict]:

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import concurrently, reversal_pairs, train_tiny
 from support.cli import cli_in_process
+from support.sockets import answer_of
 from nmtkit.decoding.options import TranslateOptions
 from nmtkit.decoding.translate import Translator
 from nmtkit.errors import ConfigError
@@ -268,18 +269,6 @@ def half_upload(port: int) -> socket.socket:
     half = socket.create_connection(("127.0.0.1", port))
     half.sendall(b"POST /translate HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n{\"texts\": [")
     return half
-
-
-def answer_of(sock: socket.socket, timeout: float) -> bytes:
-    """Everything the server sends on ``sock`` until it closes it (or ``timeout``)."""
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while chunk := sock.recv(4096):
-            data += chunk
-    except socket.timeout:
-        pass
-    return data
 
 
 def test_an_oversized_body_is_a_413_a_python_client_reads(model_dir):
