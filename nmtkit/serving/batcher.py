@@ -246,34 +246,26 @@ def watched(engine, stop: Callable[[], bool]):
     large min_len runs for a minute and more."""
     model = getattr(engine, "model", None)
     if model is not None and hasattr(model, "decode_step"):
-        engine.model = _StoppableModel(model, stop)
-    return _StoppableEngine(engine, stop)
+        engine.model = _Stoppable(model, stop, "decode_step")
+    return _Stoppable(engine, stop, "search")
 
 
-class _StoppableEngine:
-    def __init__(self, engine, stop: Callable[[], bool]) -> None:
-        self._engine, self._stop = engine, stop
+class _Stoppable:
+    """``inner`` as it is, but its method ``method`` raises Interrupted once ``stop()`` is true."""
 
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-    def search(self, *args, **kwargs):
-        if self._stop():
-            raise Interrupted()
-        return self._engine.search(*args, **kwargs)
-
-
-class _StoppableModel:
-    def __init__(self, model, stop: Callable[[], bool]) -> None:
-        self._model, self._stop = model, stop
+    def __init__(self, inner, stop: Callable[[], bool], method: str) -> None:
+        self._inner, self._stop, self._method = inner, stop, method
 
     def __getattr__(self, name: str):
-        return getattr(self._model, name)
+        found = getattr(self._inner, name)
+        if name != self._method:
+            return found
 
-    def decode_step(self, *args, **kwargs):
-        if self._stop():
-            raise Interrupted()
-        return self._model.decode_step(*args, **kwargs)
+        def checked(*args, **kwargs):
+            if self._stop():
+                raise Interrupted()
+            return found(*args, **kwargs)
+        return checked
 
 
 def answer(translator: Translator, sources: list[list[int]], hypotheses: list[list[Hypothesis]],
